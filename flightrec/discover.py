@@ -1,0 +1,153 @@
+"""Find dump files under a directory and say which rank (and host) each belongs to.
+
+File names vary by cluster: `nccl_trace_rank_12` (the writer's default), `rank_12` (torchtitan),
+`node017.pci3_rank_12`, `node017-nccl_trace_rank_12`, anything set through `TORCH_FR_DUMP_TEMP_FILE`, and
+per-host folders `DUMP_DIR/<host>/<prefix><rank>`. The rank is the trailing number; the host is the part of
+the name that differs between files (or the folder, when dumps sit one folder per host).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import NoDumpsError
+
+# Compression or format suffixes people add after the rank: `rank_3.json`, `rank_3.pkl.gz`.
+_SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".bin")
+_TRAILING_RANK = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
+_SEPARATORS = "._-"
+CACHE_DIR_NAME = ".flightrec-cache"
+
+
+@dataclass(frozen=True)
+class DumpFile:
+    path: Path
+    rank: int
+    host: str | None
+    size: int
+    mtime_ns: int
+
+
+def _strip_suffixes(name: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _SUFFIXES:
+            if name.endswith(suffix) and len(name) > len(suffix):
+                name = name[: -len(suffix)]
+                changed = True
+    return name
+
+
+def _walk_files(root: Path) -> list[Path]:
+    """Every regular file below root, following directory symlinks once (loops are cut)."""
+    found: list[Path] = []
+    seen_dirs: set[tuple[int, int]] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        stat = os.stat(dirpath)
+        key = (stat.st_dev, stat.st_ino)
+        if key in seen_dirs:
+            dirnames[:] = []
+            continue
+        seen_dirs.add(key)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != CACHE_DIR_NAME)
+        for filename in sorted(filenames):
+            if filename.startswith("."):
+                continue
+            path = Path(dirpath) / filename
+            if path.is_file():
+                found.append(path)
+    return found
+
+
+def _common_suffix(strings: list[str]) -> str:
+    """Longest common suffix, cut back to start at a separator so 'node10-x'/'node00-x' give '-x'."""
+    if not strings:
+        return ""
+    shortest = min(strings, key=len)
+    n = 0
+    while n < len(shortest) and all(s[len(s) - 1 - n] == shortest[len(shortest) - 1 - n] for s in strings):
+        n += 1
+    suffix = shortest[len(shortest) - n:] if n else ""
+    if len(set(strings)) > 1:
+        while suffix and suffix[0] not in _SEPARATORS:
+            suffix = suffix[1:]
+    return suffix
+
+
+def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFile]:
+    """List dump files under `root` with their rank and host.
+
+    Args:
+        root: the dump directory (searched recursively) or a single dump file.
+        prefix: the file-name prefix before the rank (e.g. ``nccl_trace_rank_``); by default any name that ends
+            in a number is a candidate and the host is taken from the part of the name that varies.
+
+    Raises:
+        NoDumpsError: nothing under `root` looks like a dump.
+    """
+    root = Path(root)
+    if not root.exists():
+        raise NoDumpsError(f"{root}: no such file or directory; pass the folder the ranks wrote their dumps to")
+    paths = [root] if root.is_file() else _walk_files(root)
+
+    candidates: list[tuple[Path, str, int]] = []
+    for path in paths:
+        stem = _strip_suffixes(path.name)
+        if prefix is not None:
+            if not stem.startswith(prefix) or not stem[len(prefix):].isdigit():
+                continue
+            candidates.append((path, "", int(stem[len(prefix):])))
+            continue
+        match = _TRAILING_RANK.match(stem)
+        if match:
+            candidates.append((path, match["prefix"], int(match["rank"])))
+
+    if not candidates:
+        hint = f" starting with {prefix!r}" if prefix is not None else " whose name ends in a rank number"
+        raise NoDumpsError(
+            f"{root}: no dump files{hint}; check the path, or pass --prefix with the file-name prefix your "
+            "job used (TORCH_FR_DUMP_TEMP_FILE)"
+        )
+
+    # Host from the name: the part of the prefix before what all prefixes share, when it differs per file.
+    name_prefixes = [p for _, p, _ in candidates]
+    host_by_name: dict[str, str | None] = {}
+    if len(set(name_prefixes)) > 1:
+        shared = _common_suffix(name_prefixes)
+        for p in set(name_prefixes):
+            host = p[: len(p) - len(shared)].rstrip(_SEPARATORS)
+            host_by_name[p] = host or None
+    # Host from the folder: only when dumps are spread over several folders (one folder a host).
+    parents = {path.parent for path, _, _ in candidates}
+    folder_is_host = len(parents) > 1
+
+    files = []
+    for path, name_prefix, rank in candidates:
+        host = host_by_name.get(name_prefix)
+        if host is None and folder_is_host:
+            host = path.parent.name
+        stat = path.stat()
+        files.append(DumpFile(path=path, rank=rank, host=host, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
+    return _one_file_per_rank(files)
+
+
+def _one_file_per_rank(files: list[DumpFile]) -> list[DumpFile]:
+    """Two files claiming one rank (a dump copied twice, a re-run): keep the newer and say so."""
+    by_rank: dict[int, DumpFile] = {}
+    for f in files:
+        kept = by_rank.get(f.rank)
+        if kept is None:
+            by_rank[f.rank] = f
+            continue
+        newer, older = (f, kept) if (f.mtime_ns, str(f.path)) > (kept.mtime_ns, str(kept.path)) else (kept, f)
+        warnings.warn(
+            f"two dumps claim rank {f.rank}: keeping the newer {newer.path}, ignoring {older.path}",
+            stacklevel=3,
+        )
+        by_rank[f.rank] = newer
+    return [by_rank[r] for r in sorted(by_rank)]

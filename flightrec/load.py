@@ -1,0 +1,373 @@
+"""Load every dump under a directory into typed Polars frames (the `Trace`).
+
+Files are parsed in a process pool, each turned into Arrow columns right away; the main process only
+concatenates columns. A Parquet cache keyed on every file's (path, size, mtime) makes the second run read
+columns instead of pickles. This module interprets nothing: it reads, renames and types.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import polars as pl
+import pyarrow as pa
+
+from . import cache as _cache
+from .discover import DumpFile, discover
+from .errors import FlightrecError, NoDumpsError
+from .flatten import flatten_dump
+from .readers import read_dump
+from .schema import DUMPS, ENTRIES, GROUPS, MEMBERS, MEMBERSHIPS, PG_STATUS, RAW_PG_CONFIG, STACKS, conform, empty
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoadOptions:
+    """How to find and read dumps.
+
+    Attributes:
+        prefix: file-name prefix before the rank; default: any name ending in a number.
+        world_size: the job's world size when no dump says it (Gloo dumps carry no group config).
+        workers: processes for parsing; default: one per core.
+        use_cache: read and write the Parquet cache.
+        cache_dir: where the cache lives; default `$FLIGHTREC_CACHE_DIR` or `~/.cache/flightrec`.
+        progress: called as progress(done_files, total_files) while parsing.
+    """
+
+    prefix: str | None = None
+    world_size: int | None = None
+    workers: int | None = None
+    use_cache: bool = True
+    cache_dir: str | os.PathLike | None = None
+    progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Every rank's dump as frames. All are Polars DataFrames with the schemas in `flightrec.schema`.
+
+    Attributes:
+        dumps: one row per dump file (rank, host, path, format, version, problems...).
+        entries: one row per recorded collective or p2p op, every rank.
+        stacks: stack_id -> frames, deduplicated across the job.
+        groups: one row per process group (name + member set), with its ranks.
+        members: (group, rank, local_rank) for every member of every group.
+        memberships: (rank, pg_name, ranks_key): what each rank's own pg_config declares.
+        pg_status: per rank and local pg id, the last enqueued/started/completed collective seq ids.
+        world_size: ranks in the job (from the world group, else the highest rank seen + 1).
+    """
+
+    root: str
+    dumps: pl.DataFrame
+    entries: pl.DataFrame
+    stacks: pl.DataFrame
+    groups: pl.DataFrame
+    members: pl.DataFrame
+    memberships: pl.DataFrame
+    pg_status: pl.DataFrame
+    world_size: int
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        have = set(self.dumps.filter(pl.col("loaded"))["rank"].to_list())
+        return [r for r in range(self.world_size) if r not in have]
+
+    @property
+    def hosts(self) -> dict[int, str]:
+        known = self.dumps.filter(pl.col("host").is_not_null())
+        return dict(zip(known["rank"].to_list(), known["host"].to_list()))
+
+    def summary(self) -> str:
+        loaded = self.dumps.filter(pl.col("loaded"))
+        versions = sorted(v for v in loaded["version"].unique().to_list() if v)
+        backends = sorted(b for b in loaded["backend"].unique().to_list() if b)
+        lines = [
+            f"{self.root}: {loaded.height} of {self.world_size} ranks loaded, {self.entries.height:,} entries, "
+            f"{self.groups.height} process groups",
+            f"  recorder versions: {', '.join(versions) or 'unknown'}; backends: {', '.join(backends) or 'unknown'}",
+        ]
+        missing = self.missing_ranks
+        if missing:
+            lines.append(f"  missing dumps: ranks {format_ranks(missing)}")
+        refused = self.dumps.filter(~pl.col("loaded"))
+        for path, problems in zip(refused["path"].to_list(), refused["problems"].to_list()):
+            lines.append(f"  refused {path}: {'; '.join(problems)}")
+        return "\n".join(lines)
+
+
+def format_ranks(ranks: Iterable[int], limit: int = 12) -> str:
+    """[0,1,2,3,7,9,10] -> '0-3, 7, 9-10'; long lists are cut with a count."""
+    ranks = sorted(set(ranks))
+    spans: list[str] = []
+    start = prev = None
+    for r in ranks:
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+    if len(spans) > limit:
+        return ", ".join(spans[:limit]) + f", ... ({len(ranks):,} ranks)"
+    return ", ".join(spans)
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def _parse_one(path: str, rank: int) -> dict:
+    """Worker: read and flatten one file. Errors come back as data so one bad file can't stop the job."""
+    try:
+        dump, fmt = read_dump(Path(path))
+        out = flatten_dump(dump, rank)
+        del dump
+        out["meta"]["format"] = fmt
+        out["meta"]["loaded"] = True
+        return out
+    except FlightrecError as exc:
+        return _refused(rank, str(exc))
+    except (OSError, RecursionError, MemoryError) as exc:
+        return _refused(rank, f"{path}: could not be read ({type(exc).__name__}: {exc})")
+
+
+def _refused(rank: int, reason: str) -> dict:
+    meta = {"rank": rank, "version": None, "backend": None, "comm_lib_version": None, "entry_count": 0,
+            "problems": [reason], "format": None, "loaded": False}
+    return {"meta": meta, "entries": None, "pg_config": [], "pg_status": [], "stacks": {}}
+
+
+def _parse_chunk(items: list[tuple[str, int]]) -> dict:
+    """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces."""
+    metas, tables, cfg, status, stacks = [], [], [], [], {}
+    for path, rank in items:
+        out = _parse_one(path, rank)
+        metas.append(out["meta"])
+        if out["entries"] is not None and out["entries"].num_rows:
+            tables.append(out["entries"])
+        cfg.extend(out["pg_config"])
+        status.extend(out["pg_status"])
+        stacks.update(out["stacks"])
+    entries = pa.concat_tables(tables) if tables else None
+    return {"metas": metas, "entries": entries, "pg_config": cfg, "pg_status": status, "stacks": stacks}
+
+
+def _chunks(files: list[DumpFile], n_chunks: int) -> list[list[tuple[str, int]]]:
+    items = [(str(f.path), f.rank) for f in files]
+    size = max(1, -(-len(items) // n_chunks))
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _parse_all(files: list[DumpFile], options: LoadOptions) -> list[dict]:
+    workers = options.workers or os.cpu_count() or 1
+    # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
+    chunks = _chunks(files, max(1, min(len(files), workers * 8)))
+    results: list[dict] = []
+    done = 0
+    if workers == 1 or len(files) < 8:
+        for chunk in chunks:
+            results.append(_parse_chunk(chunk))
+            done += len(chunk)
+            if options.progress:
+                options.progress(done, len(files))
+        return results
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks)):
+            results.append(result)
+            done += len(chunk)
+            if options.progress:
+                options.progress(done, len(files))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- assembly
+
+
+def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.DataFrame]:
+    metas = [m for r in results for m in r["metas"]]
+    by_rank = {f.rank: f for f in files}
+    dumps = pl.DataFrame({
+        "rank": [m["rank"] for m in metas],
+        "host": [by_rank[m["rank"]].host for m in metas],
+        "path": [str(by_rank[m["rank"]].path) for m in metas],
+        "format": [m["format"] for m in metas],
+        "version": [m["version"] for m in metas],
+        "backend": [m["backend"] for m in metas],
+        "comm_lib_version": [m["comm_lib_version"] for m in metas],
+        "entry_count": [m["entry_count"] for m in metas],
+        "problems": [m["problems"] for m in metas],
+        "loaded": [m["loaded"] for m in metas],
+    }, schema_overrides={"problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
+                         "backend": pl.String, "comm_lib_version": pl.String, "format": pl.String})
+    tables = [r["entries"] for r in results if r["entries"] is not None]
+    entries = pl.from_arrow(pa.concat_tables(tables)) if tables else empty(ENTRIES)
+    cfg = [row for r in results for row in r["pg_config"]]
+    status = [row for r in results for row in r["pg_status"]]
+    stacks: dict[int, list] = {}
+    for r in results:
+        stacks.update(r["stacks"])
+    return {
+        "dumps": dumps,
+        "entries": entries,
+        "pg_config": pl.DataFrame(cfg, schema=RAW_PG_CONFIG, orient="row"),
+        "pg_status": pl.DataFrame(status, schema=PG_STATUS, orient="row"),
+        "stacks": pl.DataFrame({"stack_id": list(stacks), "frames": list(stacks.values())},
+                               schema=STACKS),
+    }
+
+
+def _parse_rank_lists(texts: list[str | None]) -> list[list[int] | None]:
+    """Each distinct `ranks` string once: the world group's list is the same string on every rank."""
+    out = []
+    for text in texts:
+        try:
+            value = json.loads(text) if text else None
+            out.append(sorted(int(x) for x in value) if isinstance(value, list) else None)
+        except (ValueError, TypeError):
+            out.append(None)
+    return out
+
+
+def _groups_from_config(pg_config: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """groups (one per name + member set) and memberships (what each rank declared)."""
+    distinct = pg_config.select("pg_name", "ranks_text").unique().sort("pg_name", "ranks_text")
+    distinct = distinct.with_columns(
+        pl.Series("ranks", _parse_rank_lists(distinct["ranks_text"].to_list()), dtype=pl.List(pl.Int64)),
+        pl.col("ranks_text").hash().alias("ranks_key"),
+    ).filter(pl.col("ranks").is_not_null())
+    variants = pl.col("ranks_key").rank("dense").over("pg_name").cast(pl.Int64)
+    distinct = distinct.with_columns(
+        pl.when(pl.col("ranks_key").n_unique().over("pg_name") > 1)
+        .then(pl.col("pg_name") + "#" + variants.cast(pl.String))
+        .otherwise(pl.col("pg_name"))
+        .alias("group")
+    )
+    desc = (pg_config.join(distinct.select("pg_name", "ranks_text", "group"), on=["pg_name", "ranks_text"])
+            .group_by("group").agg(pl.col("pg_desc").drop_nulls().mode().first()))
+    groups = distinct.join(desc, on="group", how="left").with_columns(
+        pl.col("ranks").list.len().cast(pl.Int64).alias("size"),
+        pl.lit("pg_config").alias("source"),
+    )
+    memberships = pg_config.join(distinct.select("pg_name", "ranks_text", "ranks_key", "group"),
+                                 on=["pg_name", "ranks_text"], how="inner")
+    return conform(groups, GROUPS), conform(memberships, MEMBERSHIPS)
+
+
+def _inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: int | None) -> pl.DataFrame:
+    """Groups no rank declared (Gloo dumps carry no pg_config): members are the ranks that used them.
+
+    The default group is known to hold every rank, so with a known world size it gets all of them; that is
+    how a rank that died without dumping still shows up as a member."""
+    used = (entries.filter(pl.col("pg_name").is_not_null())
+            .join(declared.select("pg_name"), on="pg_name", how="anti")
+            .group_by("pg_name")
+            .agg(pl.col("pg_desc").drop_nulls().mode().first(), pl.col("rank").unique().sort().alias("ranks")))
+    if world_size is not None:
+        everyone = pl.lit(list(range(world_size)), dtype=pl.List(pl.Int64))
+        used = used.with_columns(
+            pl.when(pl.col("pg_desc") == "default_pg").then(everyone).otherwise(pl.col("ranks")).alias("ranks"))
+    used = used.with_columns(
+        pl.col("pg_name").alias("group"),
+        pl.col("ranks").list.len().cast(pl.Int64).alias("size"),
+        pl.lit("inferred").alias("source"),
+    )
+    return conform(used, GROUPS)
+
+
+def assemble(raw: dict[str, pl.DataFrame], files: list[DumpFile], root: str, world_size: int | None) -> Trace:
+    """Raw per-file tables -> the typed, joined Trace. Vectorized; runs on cached tables too."""
+    dumps, entries, pg_config = raw["dumps"], raw["entries"], raw["pg_config"]
+    # Gloo writes one config with an empty name (`{'': {'name': '', 'ranks': '[0, 1, 2, 3]'}}`): it can't be
+    # tied to a group, but its rank list still tells the world size.
+    unnamed = pg_config.filter(pl.col("pg_name") == "")
+    unnamed_sizes = [len(r) for r in _parse_rank_lists(unnamed["ranks_text"].unique().to_list()) if r]
+    groups, memberships = _groups_from_config(pg_config.filter(pl.col("pg_name") != ""))
+
+    declared_world = max([*unnamed_sizes, *([groups["size"].max()] if groups.height else [])], default=None)
+    max_rank = dumps["rank"].max() if dumps.height else -1
+    if world_size is None:
+        world_size = max(int(declared_world or 0), int(max_rank) + 1)
+    groups = pl.concat([groups, _inferred_groups(entries, groups, world_size)]).sort("group")
+
+    members = (groups.select("group", "ranks")
+               .with_columns(pl.int_ranges(pl.col("ranks").list.len()).alias("local_rank"))
+               .explode("ranks", "local_rank").rename({"ranks": "rank"}))
+    members = conform(members, MEMBERS)
+
+    # Each entry's group: by its rank's declaration when there is one, else by name (inferred groups).
+    rank_group = memberships.select("rank", "pg_name", "group").unique(["rank", "pg_name"])
+    inferred = groups.filter(pl.col("source") == "inferred").select("pg_name", pl.col("group").alias("_g"))
+    entries = (entries.join(rank_group, on=["rank", "pg_name"], how="left")
+               .join(inferred, on="pg_name", how="left")
+               .with_columns(pl.coalesce("group", "_g").alias("group")).drop("_g"))
+    peers = members.rename({"rank": "peer", "local_rank": "peer_local"})
+    entries = entries.join(peers, on=["group", "peer_local"], how="left")
+    entries = conform(entries, ENTRIES_WITH_GROUP).sort("rank", "record_id")
+
+    dumps = _check_declared_ranks(dumps, memberships, members)
+    dumps = conform(dumps.with_columns(
+        pl.col("rank").is_in(entries.filter(pl.col("record_id") == 0)["rank"].unique().implode()).not_()
+        .and_(pl.col("entry_count") > 0).alias("wrapped")), DUMPS_WITH_LOADED).sort("rank")
+    return Trace(
+        root=root, dumps=dumps, entries=entries, stacks=raw["stacks"].unique("stack_id").sort("stack_id"),
+        groups=groups, members=members, memberships=memberships,
+        pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
+    )
+
+
+def _check_declared_ranks(dumps: pl.DataFrame, memberships: pl.DataFrame, members: pl.DataFrame) -> pl.DataFrame:
+    """A file named for rank r whose pg_config puts it in groups without r was probably renamed or mixed up."""
+    bad = (memberships.join(members, on=["group", "rank"], how="anti")
+           .group_by("rank").agg(pl.col("pg_name").unique().sort()))
+    if bad.height == 0:
+        return dumps
+    bad = bad.with_columns(
+        pl.format("the file name says rank {} but its pg_config does not list that rank in group(s) {}",
+                  pl.col("rank"), pl.col("pg_name").list.join(", ")).alias("_problem"))
+    return (dumps.join(bad.select("rank", "_problem"), on="rank", how="left")
+            .with_columns(pl.when(pl.col("_problem").is_not_null())
+                          .then(pl.col("problems").list.concat(pl.concat_list("_problem")))
+                          .otherwise(pl.col("problems")).alias("problems"))
+            .drop("_problem"))
+
+
+ENTRIES_WITH_GROUP = pl.Schema({**ENTRIES, "group": pl.String})
+DUMPS_WITH_LOADED = pl.Schema({**DUMPS, "loaded": pl.Boolean})
+
+
+def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
+    """Load every flight-recorder dump under `path`.
+
+    Args:
+        path: a directory of per-rank dumps (searched recursively) or one dump file.
+        options: see `LoadOptions`.
+
+    Returns:
+        A `Trace` whose frames follow `flightrec.schema`.
+
+    Raises:
+        FlightrecError: the path holds no dump, or no dump could be read.
+    """
+    options = options or LoadOptions()
+    files = discover(path, options.prefix)
+    root = str(path)
+
+    raw = _cache.read(files, root, options) if options.use_cache else None
+    if raw is None:
+        raw = _assemble_raw(files, _parse_all(files, options))
+        if options.use_cache:
+            _cache.write(raw, files, root, options)
+
+    for rank, problems in zip(raw["dumps"]["rank"].to_list(), raw["dumps"]["problems"].to_list()):
+        for problem in problems:
+            warnings.warn(f"rank {rank}: {problem}", stacklevel=2)
+    if not raw["dumps"]["loaded"].any():
+        raise NoDumpsError(f"{root}: none of the {len(files)} dump files could be read; see the warnings above")
+    return assemble(raw, files, root, options.world_size)

@@ -1,0 +1,98 @@
+"""Read one dump file into plain Python data, safely.
+
+Dumps are pickles written on somebody's cluster. A pickle can import and call anything, so we never use
+`pickle.load`: the unpickler below allows only the opcodes that build plain data (dict, list, tuple, str,
+bytes, int, float, bool, None) and refuses every global, which is the only way a pickle reaches code.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+from .errors import DumpFormatError, UnsafePickleError
+
+# A 2,000-entry dump with deep stacks is tens of MB; anything far past that is not a flight-recorder dump.
+MAX_DUMP_BYTES = 2 << 30
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """C-speed unpickler that refuses globals and persistent ids, so no pickle can run code."""
+
+    def __init__(self, file: io.BytesIO, source: str):
+        super().__init__(file)
+        self._source = source
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafePickleError(
+            f"{self._source}: refused: the pickle asks to load {module}.{name}; flight-recorder dumps hold "
+            "only plain data, so this file was not written by the recorder (it was not executed)"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError(f"{self._source}: refused: the pickle uses persistent ids (it was not executed)")
+
+
+def loads_plain_pickle(data: bytes, source: str = "<bytes>") -> Any:
+    """Unpickle `data` allowing plain data only. Raises UnsafePickleError or DumpFormatError."""
+    try:
+        return _PlainDataUnpickler(io.BytesIO(data), source).load()
+    except UnsafePickleError:
+        raise
+    except Exception as exc:  # a corrupt pickle can raise almost anything from the C unpickler
+        raise DumpFormatError(f"{source}: not a readable pickle ({type(exc).__name__}: {exc})") from None
+
+
+def read_dump(path: Path) -> tuple[dict, str]:
+    """Return (the dump as a dict, 'pickle' or 'json')."""
+    source = str(path)
+    size = path.stat().st_size
+    if size == 0:
+        raise DumpFormatError(f"{source}: empty file (the rank may have died while dumping)")
+    if size > MAX_DUMP_BYTES:
+        raise DumpFormatError(f"{source}: {size:,} bytes is too large for a flight-recorder dump; skipped")
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+        if head not in (_GZIP_MAGIC,) and head[:1] not in (b"\x80", b"{", b"[", b" ", b"\n"):
+            raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file (starts with {head!r})")
+        fh.seek(0)
+        data = fh.read()
+    if data[:2] == _GZIP_MAGIC:
+        data = _gunzip_bounded(data, source)
+    return parse_dump_bytes(data, source)
+
+
+def _gunzip_bounded(data: bytes, source: str) -> bytes:
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
+            out = gz.read(MAX_DUMP_BYTES + 1)
+    except (OSError, EOFError) as exc:
+        raise DumpFormatError(f"{source}: broken gzip stream ({exc})") from None
+    if len(out) > MAX_DUMP_BYTES:
+        raise DumpFormatError(f"{source}: decompresses past {MAX_DUMP_BYTES:,} bytes; skipped")
+    return out
+
+
+def parse_dump_bytes(data: bytes, source: str) -> tuple[dict, str]:
+    stripped = data.lstrip()
+    if stripped[:1] in (b"{", b"["):
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise DumpFormatError(f"{source}: not valid JSON ({exc})") from None
+        fmt = "json"
+    elif data[:1] == b"\x80":
+        obj = loads_plain_pickle(data, source)
+        fmt = "pickle"
+    else:
+        raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file")
+    if isinstance(obj, list):  # torch 2.2 pickled the bare entry list, with no version or groups
+        obj = {"version": "1.0", "entries": obj}
+    if not isinstance(obj, dict):
+        raise DumpFormatError(f"{source}: the dump is a {type(obj).__name__}, expected a dict with 'entries'")
+    return obj, fmt

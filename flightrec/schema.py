@@ -1,0 +1,133 @@
+"""Column names, Polars schemas and closed vocabularies shared by every stage.
+
+Every frame that crosses a module boundary has a schema here; tests check `collect_schema()` against it.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+REPORT_VERSION = 1
+CACHE_FORMAT_VERSION = 3
+
+# Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
+# "1.0" is our name for torch 2.2's unversioned bare list of entries.
+KNOWN_DUMP_VERSIONS = (
+    "1.0", "1.1", "1.2", "1.3", "1.4", "1.5",
+    "2.0", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10",
+)
+
+# Normalized collective names. The raw text stays in `profiling_name`.
+OPS = (
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+    "barrier", "gather", "scatter", "send", "recv", "coalesced", "all_reduce_coalesced",
+    "all_gather_coalesced", "reduce_scatter_coalesced", "unknown",
+)
+P2P_OPS = ("send", "recv")
+STATES = ("scheduled", "started", "completed", "unknown")
+FORMATS = ("pickle", "json")
+
+Op = pl.Enum(list(OPS))
+State = pl.Enum(list(STATES))
+Format = pl.Enum(list(FORMATS))
+
+# Tensor shapes, dtypes and the raw profiling name repeat a lot: categoricals keep them one integer a row.
+Text = pl.Categorical()
+
+DUMPS = pl.Schema({
+    "rank": pl.Int64,
+    "host": pl.String,
+    "path": pl.String,
+    "format": Format,
+    "version": pl.String,
+    "backend": pl.String,
+    "comm_lib_version": pl.String,
+    "entry_count": pl.Int64,
+    "wrapped": pl.Boolean,       # first record_id > 0: the ring buffer dropped older entries
+    "problems": pl.List(pl.String),
+})
+
+ENTRIES = pl.Schema({
+    "rank": pl.Int64,
+    "pg_name": pl.String,
+    "pg_desc": pl.String,
+    "pg_id": pl.Int64,            # local process-group id on this rank
+    "record_id": pl.Int64,        # per process, shared by all groups: never compare across ranks
+    "collective_seq_id": pl.Int64,
+    "p2p_seq_id": pl.Int64,
+    "op_id": pl.Int64,
+    "op": Op,
+    "profiling_name": Text,
+    "is_p2p": pl.Boolean,
+    "peer": pl.Int64,             # global rank of the other end of a send/recv, else null
+    "peer_local": pl.Int64,       # the same, group-local as written in profiling_name
+    "state": State,
+    "retired": pl.Boolean,
+    "timeout_ms": pl.Int64,
+    "time_created_ns": pl.Int64,
+    "time_started_ns": pl.Int64,  # null when the recorder did not see it
+    "time_completed_ns": pl.Int64,
+    "duration_ms": pl.Float64,
+    "input_sizes": Text,          # canonical text like "[[1024, 8], [8]]": equal shapes compare equal
+    "output_sizes": Text,
+    "input_dtypes": Text,
+    "output_dtypes": Text,
+    "input_numel": pl.Int64,
+    "output_numel": pl.Int64,
+    "thread_id": pl.String,
+    "thread_name": pl.String,
+    "stack_id": pl.UInt64,        # into `stacks`; null when the dump has no frames
+})
+
+FRAME = pl.Struct({"name": pl.String, "filename": pl.String, "line": pl.Int64})
+STACKS = pl.Schema({"stack_id": pl.UInt64, "frames": pl.List(FRAME)})
+
+# One row per (rank, process group) as that rank's pg_config declares it. `ranks_key` points into `groups`.
+MEMBERSHIPS = pl.Schema({
+    "rank": pl.Int64,
+    "pg_name": pl.String,
+    "pg_desc": pl.String,
+    "ranks_key": pl.UInt64,
+    "group": pl.String,
+})
+
+# One row per distinct process group: name plus member set (split groups reuse names).
+GROUPS = pl.Schema({
+    "group": pl.String,           # stable identity: "<name>" or "<name>#<n>" when a name has several member sets
+    "pg_name": pl.String,
+    "pg_desc": pl.String,
+    "size": pl.Int64,
+    "ranks": pl.List(pl.Int64),
+    "source": pl.Enum(["pg_config", "inferred"]),
+})
+
+MEMBERS = pl.Schema({"group": pl.String, "rank": pl.Int64, "local_rank": pl.Int64})
+
+PG_STATUS = pl.Schema({
+    "rank": pl.Int64,
+    "pg_id": pl.Int64,
+    "last_enqueued": pl.Int64,
+    "last_started": pl.Int64,
+    "last_completed": pl.Int64,
+})
+
+# The raw per-file group table a reader emits; `load` turns it into MEMBERSHIPS and GROUPS.
+RAW_PG_CONFIG = pl.Schema({
+    "rank": pl.Int64,
+    "pg_name": pl.String,
+    "pg_desc": pl.String,
+    "ranks_text": pl.String,
+})
+
+
+def empty(schema: pl.Schema) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def conform(frame: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
+    """Select and cast `frame` to exactly `schema` (missing columns become nulls)."""
+    columns = [
+        (pl.col(name) if name in frame.columns else pl.lit(None)).cast(dtype).alias(name)
+        for name, dtype in schema.items()
+    ]
+    return frame.select(columns)

@@ -1,0 +1,480 @@
+"""Synthetic NCCL-format flight-recorder dumps for a 3D-parallel job, with injected faults and ground truth.
+
+The job: `tp x pp x dp` ranks (tensor parallel innermost, so a TP group sits on one host), a GPipe schedule of
+`microbatches` per step (TP all_gather/reduce_scatter per layer, batched send/recv between pipeline stages
+closed by `nccl:coalesced` as `batch_isend_irecv` writes them), a DP gradient all_reduce and a world loss
+all_reduce per step. A small discrete-event simulation runs every rank: a collective completes when every
+member has arrived, a send when its receiver has. A fault stops a rank, breaks a group or link, or skews
+times; the simulation then shows exactly what the recorder would: who is blocked in what, in which state.
+
+Used by the tests (any layout, any fault, known answer) and by the benchmarks (16K+ ranks).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import random
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FAULT_KINDS = (
+    "none", "not_joined", "missing_dump", "host_down", "size_mismatch", "type_mismatch", "dtype_mismatch",
+    "deadlock", "dead_link", "wrong_peer", "straggler", "straggler_host", "slow_link", "clock_offset",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fault:
+    """What to break. `rank` and `step` place it; `phase` picks the op: 'tp' (a tensor-parallel collective
+    in the forward pass), 'p2p' (a pipeline send), 'dp' (the gradient all_reduce)."""
+
+    kind: str = "none"
+    rank: int = 0
+    step: int = -1                 # -1: the last step
+    phase: str = "tp"
+    hosts: tuple[str, ...] = ()    # dead_link / slow_link: two hosts; straggler_host / host_down: one
+    delay_ms: float = 150.0        # straggler lateness per collective; slow_link extra duration
+    offset_ms: float = 0.0         # clock_offset: how far the host's clock is off
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    tp: int = 2
+    pp: int = 2
+    dp: int = 2
+    steps: int = 3
+    microbatches: int = 2
+    layers: int = 1
+    buffer_size: int = 2000
+    ranks_per_host: int = 8
+    version: str = "2.10"
+    timing: bool = True            # TORCH_NCCL_ENABLE_TIMING: 'started' states and duration_ms
+    with_stacks: bool = True
+    fault: Fault = field(default_factory=Fault)
+    seed: int = 0
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """rank -> (dp index, pp stage, tp index)."""
+        return rank // (self.pp * self.tp), (rank // self.tp) % self.pp, rank % self.tp
+
+    def rank_of(self, dp_i: int, pp_i: int, tp_i: int) -> int:
+        return dp_i * self.pp * self.tp + pp_i * self.tp + tp_i
+
+    def host_of(self, rank: int) -> str:
+        return f"node{rank // self.ranks_per_host:05d}"
+
+
+@dataclass
+class _Group:
+    name: str
+    desc: str
+    ranks: list[int]
+
+
+def _groups(job: Job) -> tuple[list[_Group], dict[int, dict[str, _Group]]]:
+    """Created in the same order on every rank (as new_group requires), so names agree across ranks."""
+    groups = [_Group("0", "default_pg", list(range(job.world_size)))]
+    for d in range(job.dp):
+        for p in range(job.pp):
+            groups.append(_Group("", "tp", [job.rank_of(d, p, t) for t in range(job.tp)]))
+    for d in range(job.dp):
+        for t in range(job.tp):
+            groups.append(_Group("", "pp", [job.rank_of(d, p, t) for p in range(job.pp)]))
+    for p in range(job.pp):
+        for t in range(job.tp):
+            groups.append(_Group("", "dp", [job.rank_of(d, p, t) for d in range(job.dp)]))
+    for i, g in enumerate(groups):
+        g.name = str(i)
+    by_rank: dict[int, dict[str, _Group]] = defaultdict(dict)
+    for g in groups:
+        for r in g.ranks:
+            by_rank[r][g.desc] = g
+    return groups, by_rank
+
+
+# One op a rank executes. `keys` are the instances it takes part in (a collective, or each send/recv of a
+# batch); it completes when every instance has all its participants.
+@dataclass
+class _Op:
+    step: int
+    group: _Group
+    name: str                      # profiling-name op, e.g. 'all_gather', 'send 0->1', 'coalesced'
+    keys: list[tuple]
+    in_sizes: list
+    out_sizes: list
+    dtype: str
+    stack: str
+    is_p2p: bool = False
+    parts: list["_Op"] = field(default_factory=list)   # a batch's send/recv entries, before its closer
+
+
+_H = 1024
+
+
+def _schedule(job: Job, rank: int, by_rank: dict[int, dict[str, _Group]]) -> list[_Op]:
+    dp_i, pp_i, tp_i = job.coords(rank)
+    g = by_rank[rank]
+    tp, pp = g["tp"], g["pp"]
+    counters: dict[tuple, int] = defaultdict(int)
+    ops: list[_Op] = []
+
+    def coll(step: int, group: _Group, name: str, n: int, stack: str, dtype: str = "BFloat16") -> None:
+        counters[("c", group.name)] += 1
+        size = len(group.ranks)
+        if name == "all_gather":
+            ins, outs = [[n]], [[n * size]]
+        elif name == "reduce_scatter":
+            ins, outs = [[n * size]], [[n]]
+        else:
+            ins, outs = [[n]], [[n]]
+        ops.append(_Op(step, group, name, [("c", group.name, counters[("c", group.name)])], ins, outs, dtype, stack))
+
+    def p2p(step: int, kind: str, peer_stage: int, stack: str) -> None:
+        me, peer = pp.ranks.index(rank), peer_stage
+        src, dst = (me, peer) if kind == "send" else (peer, me)
+        counters[("p", src, dst)] += 1
+        key = ("p", pp.name, src, dst, counters[("p", src, dst)])
+        arrow = f"{me}->{peer}" if kind == "send" else f"{me}<-{peer}"
+        part = _Op(step, pp, f"{kind} {arrow}", [key], [[4, _H]], [[4, _H]], "BFloat16", stack, is_p2p=True)
+        ops.append(_Op(step, pp, "coalesced", [key], [], [], "BFloat16", stack, is_p2p=True, parts=[part]))
+
+    for step in range(job.steps):
+        for m in range(job.microbatches):
+            if pp_i > 0:
+                p2p(step, "recv", pp_i - 1, "recv_forward")
+            for _ in range(job.layers):
+                if job.tp > 1:
+                    coll(step, tp, "all_gather", 4 * _H, "attention_forward")
+                    coll(step, tp, "reduce_scatter", 4 * _H, "mlp_forward")
+            if pp_i < job.pp - 1:
+                p2p(step, "send", pp_i + 1, "send_forward")
+        for m in range(job.microbatches):
+            if pp_i < job.pp - 1:
+                p2p(step, "recv", pp_i + 1, "recv_backward")
+            for _ in range(job.layers):
+                if job.tp > 1:
+                    coll(step, tp, "all_gather", 4 * _H, "mlp_backward")
+                    coll(step, tp, "reduce_scatter", 4 * _H, "attention_backward")
+            if pp_i > 0:
+                p2p(step, "send", pp_i - 1, "send_backward")
+        if job.dp > 1:
+            coll(step, g["dp"], "all_reduce", 16 * _H, "grad_all_reduce", "Float")
+        coll(step, g["default_pg"], "all_reduce", 1, "loss_all_reduce", "Float")
+    return ops
+
+
+def _fault_index(job: Job, ops: list[_Op]) -> int:
+    """Index in the faulty rank's schedule of the op the fault hits."""
+    step = job.fault.step if job.fault.step >= 0 else job.steps - 1
+    want = {"tp": ("tp",), "p2p": ("pp",), "dp": ("dp", "default_pg")}[job.fault.phase]
+    for i, op in enumerate(ops):
+        if op.step == step and op.group.desc in want and (job.fault.phase != "p2p" or op.parts[0].name.startswith("send")):
+            return i
+    raise ValueError(f"fault phase {job.fault.phase!r} has no op at step {step} on rank {job.fault.rank}")
+
+
+_STACKS = {
+    "attention_forward": [("forward", "model/attention.py", 88), ("_all_gather", "model/parallel.py", 40)],
+    "mlp_forward": [("forward", "model/mlp.py", 51), ("_reduce_scatter", "model/parallel.py", 61)],
+    "mlp_backward": [("backward", "model/mlp.py", 77), ("_all_gather", "model/parallel.py", 40)],
+    "attention_backward": [("backward", "model/attention.py", 120), ("_reduce_scatter", "model/parallel.py", 61)],
+    "recv_forward": [("recv_forward", "pipeline/schedule.py", 210), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
+    "send_forward": [("send_forward", "pipeline/schedule.py", 230), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
+    "recv_backward": [("recv_backward", "pipeline/schedule.py", 250), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
+    "send_backward": [("send_backward", "pipeline/schedule.py", 270), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
+    "grad_all_reduce": [("step", "optim/optimizer.py", 33), ("all_reduce_grads", "model/ddp.py", 140)],
+    "loss_all_reduce": [("train_step", "train.py", 312), ("all_reduce", "distributed_c10d.py", 2950)],
+}
+
+
+class _Sim:
+    """Discrete-event run of every rank's schedule under the fault."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.groups, self.by_rank = _groups(job)
+        self.ops = {r: _schedule(job, r, self.by_rank) for r in range(job.world_size)}
+        self.rng = random.Random(job.seed)
+        self.stop_at: dict[int, int] = {}          # rank -> index it never reaches
+        self.never_complete: set[tuple] = set()     # instance keys that hang with everyone in
+        self.missing: set[int] = set()
+        self.truth: dict = {"kind": job.fault.kind, "ranks": [], "hosts": [], "links": []}
+        self._inject()
+
+    def _host_ranks(self, host: str) -> list[int]:
+        return [r for r in range(self.job.world_size) if self.job.host_of(r) == host]
+
+    def _inject(self) -> None:
+        job, f = self.job, self.job.fault
+        if f.kind in ("none", "straggler", "straggler_host", "slow_link", "clock_offset"):
+            if f.kind == "straggler":
+                self.truth["ranks"] = [f.rank]
+            if f.kind == "straggler_host":
+                self.truth["hosts"] = [f.hosts[0]]
+            if f.kind == "slow_link":
+                self.truth["links"] = [sorted(f.hosts)]
+            return
+        ops = self.ops[f.rank]
+        i = _fault_index(job, ops)
+        op = ops[i]
+        self.truth.update(ranks=[f.rank], op=op.name.split(" ")[0], pg_desc=op.group.desc, pg_name=op.group.name,
+                          step=op.step)
+        if op.keys[0][0] == "c":
+            self.truth["collective_seq_id"] = op.keys[0][2]
+        if f.kind in ("not_joined", "missing_dump"):
+            self.stop_at[f.rank] = i
+            if f.kind == "missing_dump":
+                self.missing.add(f.rank)
+        elif f.kind == "host_down":
+            host = f.hosts[0] if f.hosts else job.host_of(f.rank)
+            for r in self._host_ranks(host):
+                self.stop_at[r] = _fault_index(job, self.ops[r])
+                self.missing.add(r)
+            self.truth.update(ranks=self._host_ranks(host), hosts=[host])
+        elif f.kind in ("size_mismatch", "type_mismatch", "dtype_mismatch"):
+            if f.kind == "size_mismatch":
+                op.in_sizes = [[s[0] * 2] for s in op.in_sizes]
+                op.out_sizes = [[s[0] * 2] for s in op.out_sizes]
+            elif f.kind == "dtype_mismatch":
+                op.dtype = "Float"
+            else:
+                op.name = "all_reduce" if op.name != "all_reduce" else "broadcast"
+                op.out_sizes = op.in_sizes
+            self.never_complete.add(op.keys[0])
+            self.truth["kind"] = "mismatch"
+        elif f.kind == "deadlock":
+            # The step ends with dp all_reduce then world all_reduce; this rank does them the other way round.
+            step = op.step
+            j = next(k for k, o in enumerate(ops) if o.step == step and o.group.desc == "dp")
+            ops[j], ops[j + 1] = ops[j + 1], ops[j]
+            self.truth.update(op="all_reduce", pg_desc="dp")
+            del self.truth["collective_seq_id"]
+        elif f.kind == "dead_link":
+            a, b = f.hosts
+            ra, rb = set(self._host_ranks(a)), set(self._host_ranks(b))
+            for r in ra:
+                for o in self.ops[r]:
+                    if o.step >= op.step and any(m in rb for m in self._partners(o)):
+                        self.never_complete.update(o.keys)
+            self.truth.update(ranks=[], hosts=[], links=[sorted((a, b))])
+            for k in ("op", "pg_desc", "pg_name", "collective_seq_id"):
+                self.truth.pop(k, None)
+        elif f.kind == "wrong_peer":
+            part = op.parts[0]
+            me = op.group.ranks.index(f.rank)
+            wrong = (me + 2) % len(op.group.ranks)
+            assert wrong != me, "wrong_peer needs a pipeline of 3+ stages"
+            part.name = f"send {me}->{wrong}"
+            key = ("p", op.group.name, me, wrong, -1)
+            part.keys = op.keys = [key]
+            self.truth.update(op="send", peer=op.group.ranks[wrong])
+        else:
+            raise ValueError(f"unknown fault kind {f.kind!r}; one of {FAULT_KINDS}")
+
+    def run(self) -> dict[int, list[dict]]:
+        """Simulate; return per rank the list of (op, state, times) records it would have recorded."""
+        job = self.job
+        expected: dict[tuple, int] = {}
+        for r, ops in self.ops.items():
+            for op in ops[: self.stop_at.get(r, len(ops))]:
+                for k in op.keys:
+                    expected[k] = len(op.group.ranks) if k[0] == "c" else 2
+        arrived: dict[tuple, list] = defaultdict(list)          # key -> [(rank, time)]
+        pos = {r: 0 for r in self.ops}
+        clock = {r: 1_700_000_000_000_000_000 + self.rng.randrange(10**6) for r in self.ops}
+        records: dict[int, list] = {r: [] for r in self.ops}
+        waiting: dict[tuple, list[int]] = defaultdict(list)
+        ready = deque(sorted(self.ops))
+        gap_ns = 2_000_000
+
+        def late(rank: int) -> int:
+            f = job.fault
+            if (f.kind == "straggler" and rank == f.rank) or (f.kind == "straggler_host" and job.host_of(rank) == f.hosts[0]):
+                return int(f.delay_ms * 1e6)
+            return 0
+
+        while ready:
+            r = ready.popleft()
+            ops = self.ops[r]
+            i = pos[r]
+            if i >= len(ops) or i >= self.stop_at.get(r, len(ops)):
+                continue
+            op = ops[i]
+            if not records[r] or records[r][-1]["op"] is not op:
+                clock[r] += gap_ns + late(r) + self.rng.randrange(200_000)
+                records[r].append({"op": op, "created": clock[r], "done": None})
+                for k in op.keys:
+                    arrived[k].append((r, clock[r]))
+                    waiting[k].append(r)
+                    if len(arrived[k]) == expected.get(k, -1):
+                        ready.extend(w for w in waiting[k] if w != r)
+            if all(len(arrived[k]) == expected.get(k, -1) and k not in self.never_complete for k in op.keys):
+                start = max(t for k in op.keys for _, t in arrived[k])
+                dur = 1_000_000 * (2 + len(op.group.ranks).bit_length())
+                f = job.fault
+                if f.kind == "slow_link" and self._spans(op, f.hosts):
+                    dur += int(f.delay_ms * 1e6)
+                records[r][-1].update(started=start, done=start + dur)
+                clock[r] = max(clock[r], start + dur)
+                pos[r] += 1
+                ready.append(r)
+        return records
+
+    @staticmethod
+    def _partners(op: _Op) -> list[int]:
+        """The ranks an op needs: the whole group for a collective, the two ends for a send/recv."""
+        if op.keys[0][0] == "c":
+            return op.group.ranks
+        return [op.group.ranks[k[i]] for k in op.keys for i in (2, 3)]
+
+    def _spans(self, op: _Op, hosts: tuple[str, ...]) -> bool:
+        on = {self.job.host_of(m) for m in self._partners(op)}
+        return all(h in on for h in hosts)
+
+
+def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[str, _Group]]) -> list[dict]:
+    """The recorder's entries for one rank, oldest first, before the ring buffer cut."""
+    pg_ids = {g.name: i for i, g in enumerate(by_rank[rank].values())}
+    coll_seq: dict[str, int] = defaultdict(int)
+    p2p_seq: dict[str, int] = defaultdict(int)
+    op_ids: dict[str, int] = defaultdict(int)
+    frames = {name: [{"name": n, "filename": f, "line": ln} for n, f, ln in stack] for name, stack in _STACKS.items()}
+    offset = int(job.fault.offset_ms * 1e6) if job.fault.kind == "clock_offset" and job.host_of(rank) in job.fault.hosts else 0
+    out: list[dict] = []
+    for rec in records:
+        op: _Op = rec["op"]
+        g = op.group
+        done = rec["done"] is not None
+        pieces = op.parts + [op] if op.is_p2p else [op]
+        if op.is_p2p:
+            p2p_seq[g.name] += 1
+        else:
+            coll_seq[g.name] += 1
+        for piece in pieces:
+            op_ids[g.name] += 1
+            closer_or_coll = piece is op
+            if closer_or_coll and done:
+                state = "completed"
+            elif closer_or_coll:
+                state = "started" if job.timing else "scheduled"
+            else:
+                state = "scheduled"  # batch members stay 'scheduled' forever; the closer carries the state
+            e = {
+                "record_id": 0,
+                "pg_id": pg_ids[g.name],
+                "process_group": (g.name, g.desc),
+                "collective_seq_id": coll_seq[g.name],
+                "p2p_seq_id": p2p_seq[g.name] if op.is_p2p else 0,
+                "op_id": op_ids[g.name],
+                "profiling_name": f"nccl:{piece.name}",
+                "time_created_ns": rec["created"] + offset,
+                "input_sizes": piece.in_sizes,
+                "input_dtypes": [piece.dtype] * len(piece.in_sizes),
+                "output_sizes": piece.out_sizes,
+                "output_dtypes": [piece.dtype] * len(piece.out_sizes),
+                "state": state,
+                "time_discovered_started_ns": (rec.get("started", rec["created"]) + offset)
+                if job.timing and closer_or_coll else None,
+                "time_discovered_completed_ns": rec["done"] + offset if done and closer_or_coll else None,
+                "retired": done and closer_or_coll,
+                "timeout_ms": 600_000,
+                "is_p2p": op.is_p2p and not closer_or_coll,
+            }
+            if job.timing and closer_or_coll and done:
+                e["duration_ms"] = (rec["done"] - rec["started"]) / 1e6
+            if job.with_stacks:
+                e["frames"] = frames[piece.stack]
+            if _version_minor(job.version) >= 9:
+                e["thread_id"] = str(140000000000000 + rank)
+                e["thread_name"] = "pt_main_thread"
+            out.append(e)
+    for i, e in enumerate(out):
+        e["record_id"] = i
+    return out
+
+
+def _version_minor(version: str) -> int:
+    try:
+        return int(version.split(".")[1])
+    except (IndexError, ValueError):
+        return 99
+
+
+def build_dump(job: Job, rank: int, entries: list[dict], by_rank: dict[int, dict[str, _Group]]) -> dict:
+    minor = _version_minor(job.version)
+    kept = entries[-job.buffer_size:] if job.buffer_size else []
+    groups = list(by_rank[rank].values())
+    status = {}
+    for i, g in enumerate(groups):
+        mine = [e for e in entries if e["process_group"][0] == g.name and not e["is_p2p"]]
+        last_enq = max((e["collective_seq_id"] for e in mine), default=-1)
+        last_done = max((e["collective_seq_id"] for e in mine if e["state"] == "completed"), default=-1)
+        last_start = max((e["collective_seq_id"] for e in mine if e["state"] != "scheduled"), default=-1)
+        status[str(i)] = {"last_enqueued_collective": last_enq,
+                          "last_started_collective": last_start if job.timing else -1,
+                          "last_completed_collective": last_done}
+    dump = {
+        "version": job.version,
+        "pg_config": {g.name: {"name": g.name, "desc": g.desc, "ranks": str(g.ranks)} for g in groups},
+        "pg_status": status,
+        "entries": kept,
+    }
+    if minor >= 10:
+        dump["comm_lib_version"] = "2.21.5"
+    elif minor >= 7:
+        dump["nccl_version"] = "2.21.5"
+    return dump
+
+
+def to_json_dump(dump: dict) -> str:
+    """What `_dump_nccl_trace_json` writes: no frames, 0 for missing times, strings in pg_status."""
+    out = {k: v for k, v in dump.items() if k != "entries"}
+    out["pg_status"] = {k: {kk: str(vv) for kk, vv in v.items()} for k, v in dump["pg_status"].items()}
+    entries = []
+    for e in dump["entries"]:
+        e = {k: v for k, v in e.items() if k != "frames"}
+        e["process_group"] = list(e["process_group"])
+        for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
+            e[k] = e[k] or 0
+        entries.append(e)
+    if entries:
+        out["entries"] = entries
+    return json.dumps(out)
+
+
+def generate(job: Job, out_dir: str | Path, *, fmt: str = "pickle", per_host_folders: bool = False,
+             prefix: str = "nccl_trace_rank_", compress: bool = False) -> dict:
+    """Write one dump per surviving rank under `out_dir`; return the ground truth.
+
+    Returns:
+        {"kind", "ranks", "hosts", "links", "op", "pg_desc", "collective_seq_id", "missing_ranks", ...}
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sim = _Sim(job)
+    records = sim.run()
+    for rank in range(job.world_size):
+        if rank in sim.missing:
+            continue
+        entries = _entries(job, rank, records[rank], sim.by_rank)
+        dump = build_dump(job, rank, entries, sim.by_rank)
+        folder = out / job.host_of(rank) if per_host_folders else out
+        folder.mkdir(parents=True, exist_ok=True)
+        data = to_json_dump(dump).encode() if fmt == "json" else pickle.dumps(dump, protocol=2)
+        if compress:
+            data = gzip.compress(data, compresslevel=1)
+        (folder / f"{prefix}{rank}").write_bytes(data)
+    truth = dict(sim.truth)
+    truth["missing_ranks"] = sorted(sim.missing)
+    if truth["ranks"] and not truth["hosts"] and job.fault.kind not in ("dead_link",):
+        truth["hosts"] = sorted({job.host_of(r) for r in truth["ranks"]})
+    truth["world_size"] = job.world_size
+    (out / "ground_truth.json").write_text(json.dumps(truth, indent=1, sort_keys=True))
+    return truth

@@ -1,0 +1,137 @@
+import math
+import pickle
+import warnings
+
+import polars as pl
+import pytest
+
+from flightrec import LoadOptions, load, synth
+from flightrec.load import ENTRIES_WITH_GROUP, DUMPS_WITH_LOADED, format_ranks
+from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
+
+from .conftest import FIXTURES, recorded_cases
+
+
+def test_schemas(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2))
+    trace = load(out)
+    assert trace.entries.collect_schema() == ENTRIES_WITH_GROUP
+    assert trace.dumps.collect_schema() == DUMPS_WITH_LOADED
+    assert trace.groups.collect_schema() == GROUPS
+    assert trace.members.collect_schema() == MEMBERS
+    assert trace.pg_status.collect_schema() == PG_STATUS
+    assert trace.stacks.collect_schema() == STACKS
+
+
+def test_round_trip_values(make_job):
+    """Every field the generator wrote comes back, typed, for one rank's entries."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=1, steps=2))
+    raw = pickle.loads((out / "nccl_trace_rank_2").read_bytes())
+    trace = load(out, LoadOptions(use_cache=False))
+    mine = trace.entries.filter(pl.col("rank") == 2).sort("record_id")
+    assert mine.height == len(raw["entries"])
+    for e, row in zip(raw["entries"], mine.iter_rows(named=True)):
+        assert (row["pg_name"], row["pg_desc"]) == e["process_group"]
+        assert row["collective_seq_id"] == e["collective_seq_id"]
+        assert row["p2p_seq_id"] == e["p2p_seq_id"]
+        assert row["profiling_name"] == e["profiling_name"]
+        assert row["state"] == e["state"]
+        assert row["time_started_ns"] == e["time_discovered_started_ns"]
+        assert row["time_completed_ns"] == e["time_discovered_completed_ns"]
+        assert row["duration_ms"] == e.get("duration_ms")
+        assert row["input_sizes"] == repr(e["input_sizes"])
+        assert row["input_numel"] == sum(math.prod(s) for s in e["input_sizes"])
+    # stage 1 of the pipeline receives from stage 0: group-local '1<-0' maps to global rank 0
+    recv = mine.filter(pl.col("op") == "recv").row(0, named=True)
+    assert (recv["peer_local"], recv["peer"]) == (0, 0)
+    frames = trace.stacks.filter(pl.col("stack_id") == mine["stack_id"][0])["frames"][0]
+    assert frames[0]["filename"].endswith(".py")
+
+
+def test_json_dump_loads_like_pickle(make_job):
+    job = synth.Job(tp=2, pp=1, dp=2)
+    p_dir, _ = make_job(job)
+    j_dir, _ = make_job(job, fmt="json")
+    cols = ["rank", "group", "collective_seq_id", "op", "state", "input_sizes", "time_completed_ns"]
+    a = load(p_dir).entries.select(cols)
+    b = load(j_dir).entries.select(cols)
+    assert a.equals(b)
+    assert load(j_dir).dumps["format"].to_list() == ["json"] * 4
+
+
+@pytest.mark.parametrize("version", ["2.4", "2.7", "2.9", "2.10"])
+def test_recorder_versions(make_job, version):
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=1, version=version))
+    trace = load(out)
+    assert trace.dumps["version"].to_list() == [version] * 2
+    has_threads = trace.entries["thread_name"].is_not_null().any()
+    assert has_threads == (version in ("2.9", "2.10"))
+    assert trace.dumps["comm_lib_version"].is_not_null().all() == (version != "2.4")
+
+
+def test_unknown_newer_version_warns_and_loads(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=1, version="2.99"))
+    with pytest.warns(UserWarning, match="newer than this flightrec knows"):
+        trace = load(out)
+    assert trace.entries.height > 0
+
+
+def test_gzip_and_per_host_folders(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=4), per_host_folders=True, compress=True)
+    trace = load(out)
+    assert trace.hosts == {r: f"node{r // 4:05d}" for r in range(8)}
+
+
+def test_ring_buffer_wrap_is_flagged(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=1, steps=5, buffer_size=10))
+    trace = load(out)
+    assert trace.dumps["wrapped"].all()
+    assert trace.entries.group_by("rank").len()["len"].to_list() == [10, 10]
+
+
+def test_missing_rank_and_world_size(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=2, fault=synth.Fault(kind="missing_dump", rank=3)))
+    trace = load(out)
+    assert trace.world_size == 4
+    assert trace.missing_ranks == [3]
+
+
+def test_cache_is_used_and_invalidated(make_job, tmp_path):
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=1))
+    opts = LoadOptions(cache_dir=tmp_path / "c")
+    first = load(out, opts)
+    assert any((tmp_path / "c").rglob("entries.parquet"))
+    second = load(out, opts)
+    assert first.entries.equals(second.entries)
+    # a changed dump must not be served from the cache
+    path = out / "nccl_trace_rank_1"
+    dump = pickle.loads(path.read_bytes())
+    dump["entries"] = dump["entries"][:3]
+    path.write_bytes(pickle.dumps(dump))
+    assert load(out, opts).entries.filter(pl.col("rank") == 1).height == 3
+
+
+def test_refused_file_is_reported_not_fatal(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=2))
+    (out / "nccl_trace_rank_2").write_bytes(b"\x80\x02garbage")
+    with pytest.warns(UserWarning, match="rank 2"):
+        trace = load(out)
+    assert trace.missing_ranks == [2]
+    assert "refused" in trace.summary()
+
+
+@pytest.mark.parametrize("case", recorded_cases() + ["healthy_json", "skip_collective_json"])
+def test_every_recorded_fixture_loads(case):
+    if not (FIXTURES / case).is_dir():
+        pytest.skip(f"{case} not recorded")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trace = load(FIXTURES / case)
+    assert trace.entries.height > 0
+    assert set(trace.dumps["backend"].drop_nulls().to_list()) == {"gloo"}
+    assert trace.entries["group"].is_not_null().all()
+
+
+def test_format_ranks():
+    assert format_ranks([0, 1, 2, 3, 7, 9, 10]) == "0-3, 7, 9-10"
+    assert format_ranks(range(0, 100, 2), limit=3).endswith("(50 ranks)")
