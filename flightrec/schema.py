@@ -131,3 +131,71 @@ def conform(frame: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
         for name, dtype in schema.items()
     ]
     return frame.select(columns)
+
+
+# ---------------------------------------------------------------------------------------------- matching
+
+MATCH_STATUSES = (
+    "type_mismatch", "dtype_mismatch", "size_mismatch", "not_joined", "state_mismatch", "in_flight",
+    "missing_dumps", "matched",
+)
+MatchStatus = pl.Enum(list(MATCH_STATUSES))
+# Statuses that are a disagreement between members (a rank did something else), not just waiting.
+MISMATCH_STATUSES = ("type_mismatch", "dtype_mismatch", "size_mismatch")
+
+# One row per (group, member rank), every member, dumped or not.
+PROGRESS = pl.Schema({
+    "group": pl.String,
+    "rank": pl.Int64,
+    "has_dump": pl.Boolean,
+    "tracks_completion": pl.Boolean,   # the rank's recorder reports completion (NCCL); Gloo never does
+    "first_seq": pl.Int64,             # oldest collective seq of this group still in the rank's buffer
+    "last_enqueued": pl.Int64,         # null: unknown (no dump, or the buffer lost every entry of the group)
+    "last_completed": pl.Int64,
+    "last_op": Op,
+    "last_state": State,
+    "frontier": pl.Int64,              # the furthest any member got in this group
+    "behind": pl.Int64,                # frontier - last_enqueued
+    "pending_seq": pl.Int64,           # first collective this rank enqueued and has not completed (NCCL)
+})
+
+COLLECTIVES = pl.Schema({
+    "group": pl.String,
+    "collective_seq_id": pl.Int64,
+    "op": Op,
+    "size": pl.Int64,
+    "n_present": pl.Int64,             # members with an entry for it
+    "n_known": pl.Int64,               # members whose progress in the group is known
+    "n_completed": pl.Int64,
+    "n_tracking": pl.Int64,            # present members whose recorder reports completion
+    "type_ok": pl.Boolean,
+    "dtype_ok": pl.Boolean,
+    "size_ok": pl.Boolean,
+    "status": MatchStatus,
+})
+
+DIVERGENCES = pl.Schema({
+    "group": pl.String,
+    "collective_seq_id": pl.Int64,
+    "status": MatchStatus,
+    "op": Op,
+    "ranks": pl.List(pl.Int64),        # the minority, or the members that did not join
+    "majority": pl.String,             # what the others did (op, dtype or shape), for the message
+    "minority": pl.String,
+    "ambiguous": pl.Boolean,           # a tie or a 2-member group: no side can be blamed
+    "later_mismatches": pl.Int64,      # mismatched collectives after this one in the same group
+})
+
+P2P_OPS_SCHEMA = pl.Schema({
+    "group": pl.String,
+    "src": pl.Int64,
+    "dst": pl.Int64,
+    "ordinal": pl.Int64,               # k-th transfer src -> dst (in the window, or among pending ones)
+    "send_rank": pl.Int64,
+    "recv_rank": pl.Int64,
+    "send_pending": pl.Boolean,
+    "recv_pending": pl.Boolean,
+    "send_sizes": Text,
+    "recv_sizes": Text,
+    "status": pl.Enum(["matched", "in_flight", "unmatched_send", "unmatched_recv", "size_mismatch"]),
+})

@@ -269,8 +269,11 @@ class _Sim:
         elif f.kind == "wrong_peer":
             part = op.parts[0]
             me = op.group.ranks.index(f.rank)
-            wrong = (me + 2) % len(op.group.ranks)
-            assert wrong != me, "wrong_peer needs a pipeline of 3+ stages"
+            intended = int(part.name.split("->")[1])
+            others = [i for i in range(len(op.group.ranks)) if i not in (me, intended)]
+            if not others:
+                raise ValueError("wrong_peer needs a pipeline of 3+ stages")
+            wrong = others[0]
             part.name = f"send {me}->{wrong}"
             key = ("p", op.group.name, me, wrong, -1)
             part.keys = op.keys = [key]

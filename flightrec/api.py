@@ -1,0 +1,101 @@
+"""`analyze(path) -> Report`: the one place that wires the stages together. The CLI calls this too."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable
+
+import polars as pl
+
+from .load import LoadOptions, Trace, load
+from .locate import locate
+from .match import Matching, match
+from .report import DumpSummary, Report
+from .rootcause import diagnose
+from .topology import resolve
+from .waits import build_waits
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeOptions:
+    """Settings for `analyze`.
+
+    Attributes:
+        load: how to find and read the dumps (prefix, world size, cache, workers).
+        hosts_file: CSV `rank,host` (with header) or JSON {"rank": "host"}.
+        topology_file: CSV `host,switch` to roll culprits up to switches.
+        ranks_per_host: when nothing names hosts, ranks r..r+N-1 share host `host<k>`.
+        pg: only consider process groups whose name or desc is this.
+        stage: called with a short message as each stage starts (progress display).
+    """
+
+    load: LoadOptions = field(default_factory=LoadOptions)
+    hosts_file: str | os.PathLike | None = None
+    topology_file: str | os.PathLike | None = None
+    ranks_per_host: int | None = None
+    pg: str | None = None
+    stage: Callable[[str], None] | None = field(default=None, compare=False)
+
+
+def run_match(trace: Trace, pg: str | None = None) -> Matching:
+    entries, groups, members = trace.entries, trace.groups, trace.members
+    if pg is not None:
+        keep = groups.filter((pl.col("pg_name") == pg) | (pl.col("pg_desc") == pg) | (pl.col("group") == pg))
+        if keep.height == 0:
+            from .errors import FlightrecError
+            names = sorted({*groups["pg_desc"].drop_nulls().to_list(), *groups["pg_name"].to_list()})
+            raise FlightrecError(f"no process group is named or described {pg!r}; known: {', '.join(names[:20])}")
+        groups = keep
+        entries = entries.join(keep.select("group"), on="group", how="semi")
+        members = members.join(keep.select("group"), on="group", how="semi")
+    return match(entries, groups, members, trace.dumps, trace.pg_status)
+
+
+def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kwargs) -> Report:
+    """Load every dump under `path`, match collectives, follow the waits and name the root cause.
+
+    Args:
+        path: a directory of per-rank flight-recorder dumps (pickle or JSON, any recorder version).
+        options: see `AnalyzeOptions`; keyword arguments of the same names are accepted as a shortcut.
+
+    Returns:
+        A `Report`: `verdict`, `summary`, `findings`, `culprits`, `to_dict()`, `to_text()`; the frames behind it
+        are `report.trace`, `report.matching`, `report.waits`.
+
+    Raises:
+        FlightrecError: no readable dump, or a bad option (the message says what to do).
+    """
+    if options is None:
+        load_keys = set(LoadOptions.__dataclass_fields__)
+        load_opts = LoadOptions(**{k: v for k, v in kwargs.items() if k in load_keys})
+        options = AnalyzeOptions(load=load_opts, **{k: v for k, v in kwargs.items() if k not in load_keys})
+    stage = options.stage or (lambda _msg: None)
+
+    stage("loading dumps")
+    trace = load(path, options.load)
+    topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, hosts_file=options.hosts_file,
+                   ranks_per_host=options.ranks_per_host, topology_file=options.topology_file)
+    stage("matching collectives")
+    m = run_match(trace, options.pg)
+    stage("following waits")
+    w = build_waits(m, trace.entries)
+    loc = locate(m, topo, exclude=set(w.waiting))
+    verdict, summary, findings = diagnose(trace, m, w, loc, topo)
+
+    loaded = trace.dumps.filter(pl.col("loaded"))
+    refused = trace.dumps.filter(~pl.col("loaded"))
+    dumps = DumpSummary(
+        world_size=trace.world_size,
+        loaded=loaded.height,
+        missing_ranks=trace.missing_ranks,
+        versions=sorted(v for v in loaded["version"].drop_nulls().unique().to_list()),
+        refused=[{"path": p, "reason": "; ".join(r)} for p, r in refused.select("path", "problems").iter_rows()],
+        host_source=topo.source,
+    )
+    if refused.height:
+        warnings.warn(f"{refused.height} dump file(s) could not be read; see the report's 'dumps.refused'",
+                      stacklevel=2)
+    return Report(verdict=verdict, summary=summary, findings=findings, dumps=dumps, trace=trace, matching=m,
+                  waits=w, topology=topo)

@@ -1,0 +1,97 @@
+"""From stuck groups to a host or a link, by group testing.
+
+When a collective is in flight on every member and completed on none, nobody is behind: the fault is under
+the software (a GPU, a NIC, a cable). Each stuck group is a positive test, each group that kept completing
+after the hang began is a negative one. The hosts (and host pairs) present in every positive test and in no
+negative test are the suspects; one host pair is a link, one host is a host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+import polars as pl
+
+from .match import Matching
+from .topology import Topology
+
+
+@dataclass(frozen=True)
+class Location:
+    """Result of group testing. `hosts` / `links` are the suspects; empty when nothing narrows it down."""
+
+    stuck_groups: list[str]
+    healthy_groups: int
+    hosts: list[str]
+    links: list[list[str]]
+    candidates: list[str]         # hosts in every stuck group, before the healthy groups cleared some
+    stuck_ranks: list[int]
+    seqs: dict[str, int]          # stuck group -> its in-flight collective seq (or -1 for a p2p pair)
+
+
+def stuck_tests(m: Matching) -> pl.DataFrame:
+    """(test id, rank) for every in-flight collective at a group's frontier and every in-flight p2p pair."""
+    frontier = m.progress.group_by("group").agg(pl.col("frontier").first())
+    colls = (
+        m.collectives.join(frontier, on="group")
+        .filter((pl.col("status") == "in_flight") & (pl.col("collective_seq_id") == pl.col("frontier")))
+        .select("group", "collective_seq_id")
+    )
+    coll_ranks = colls.join(m.units.select("group", "collective_seq_id", "rank"), on=["group", "collective_seq_id"])
+    p2p = m.p2p.filter(pl.col("status") == "in_flight")
+    p2p_ranks = pl.concat([
+        p2p.select(pl.format("{}:{}->{}", "group", "src", "dst").alias("group"),
+                   pl.lit(-1, pl.Int64).alias("collective_seq_id"), pl.col(c).alias("rank"))
+        for c in ("send_rank", "recv_rank")
+    ])
+    return pl.concat([coll_ranks.select("group", "collective_seq_id", "rank"), p2p_ranks]).unique()
+
+
+def locate(m: Matching, topo: Topology, exclude: set[int] = frozenset()) -> Location | None:
+    """Group testing over stuck groups. Groups with a member in `exclude` (ranks that wait on someone else)
+    are left out: that member's GPU may be queued behind its other wait, so the group proves nothing."""
+    tests = stuck_tests(m)
+    if exclude and tests.height:
+        tainted = tests.filter(pl.col("rank").is_in(list(exclude))).select("group").unique()
+        tests = tests.join(tainted, on="group", how="anti")
+    if tests.height == 0:
+        return None
+    stuck_ranks = sorted(tests["rank"].unique().to_list())
+    seqs = dict(tests.select("group", "collective_seq_id").unique().iter_rows())
+    if not topo.host_of:
+        return Location(sorted(seqs), 0, [], [], [], stuck_ranks, seqs)
+
+    hosts = topo.frame()
+    stuck_hosts = (tests.join(hosts, on="rank", how="left").group_by("group")
+                   .agg(pl.col("host").drop_nulls().unique().sort()))
+    host_sets = [set(h) for h in stuck_hosts["host"].to_list()]
+    common = sorted(set.intersection(*host_sets)) if host_sets else []
+
+    # Negative tests: groups that completed a collective after the first stuck op was enqueued.
+    stuck_keys = tests.select("group", "collective_seq_id").unique()
+    since = (m.units.join(stuck_keys, on=["group", "collective_seq_id"])["time_created_ns"].min())
+    healthy = (
+        m.units.join(stuck_keys.select("group"), on="group", how="anti")
+        .filter(pl.col("state") == "completed")
+        .filter(pl.col("time_completed_ns") > since if since is not None else pl.lit(False))
+        .select("group", "rank").unique()
+        .join(hosts, on="rank").group_by("group").agg(pl.col("host").unique())
+    )
+    healthy_sets = [set(h) for h in healthy["host"].to_list()]
+
+    cleared_hosts = {h for s in healthy_sets for h in s}
+    host_suspects = [h for h in common if h not in cleared_hosts]
+    link_suspects = [
+        [a, b] for a, b in combinations(common, 2)
+        if not any(a in s and b in s for s in healthy_sets)
+    ]
+    if len(common) == 1:
+        found_hosts, found_links = list(common), []
+    elif len(common) == 2 or len(link_suspects) == 1:
+        found_hosts, found_links = [], ([common] if len(common) == 2 else link_suspects)
+    elif len(host_suspects) == 1:
+        found_hosts, found_links = host_suspects, []
+    else:
+        found_hosts, found_links = [], []
+    return Location(sorted(seqs), len(healthy_sets), found_hosts, found_links, common, stuck_ranks, seqs)

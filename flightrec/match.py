@@ -1,0 +1,363 @@
+"""Match collectives and point-to-point ops across ranks, for every process group at once.
+
+Frames in, frames out, pure Polars. The evidence used holds whatever the recorder setting: sequence ids
+(who enqueued what), shapes and dtypes (who did something else), and completion only where the rank's
+recorder reports it (NCCL does, with or without timing; Gloo never does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from .schema import (
+    COLLECTIVES, DIVERGENCES, MISMATCH_STATUSES, P2P_OPS_SCHEMA, PROGRESS, conform,
+)
+
+
+@dataclass(frozen=True)
+class Matching:
+    """What matching found. Every frame has its schema in `flightrec.schema`.
+
+    Attributes:
+        units: one row per rank's part in a collective (coalesced entries folded into one unit).
+        collectives: one row per (group, collective_seq_id) in the window every member's buffer covers.
+        progress: one row per (group, member): how far it got, how far behind the group's frontier.
+        divergences: each group's first collective where members disagree or some never joined.
+        p2p: sends paired with receives; unmatched ones name both ends.
+    """
+
+    units: pl.DataFrame
+    collectives: pl.DataFrame
+    progress: pl.DataFrame
+    divergences: pl.DataFrame
+    p2p: pl.DataFrame
+
+
+# ---------------------------------------------------------------------------------------------- predicates
+
+
+def is_p2p_closer() -> pl.Expr:
+    """The `coalesced` entry that closes a batch_isend_irecv: it follows the batch's sends/recvs on the same
+    rank and group with the same p2p_seq_id (the writer records it with is_p2p False)."""
+    prev = lambda c: pl.col(c).shift(1)  # noqa: E731  (entries are sorted by rank, record_id)
+    return (
+        (pl.col("op") == "coalesced")
+        & (prev("rank") == pl.col("rank"))
+        & (prev("group") == pl.col("group"))
+        & prev("is_p2p").fill_null(False)
+        & (prev("p2p_seq_id") == pl.col("p2p_seq_id"))
+    )
+
+
+def is_completed() -> pl.Expr:
+    return pl.col("state") == "completed"
+
+
+def reports_completion() -> pl.Expr:
+    """Per rank: its recorder reports progress (NCCL). Gloo entries stay 'scheduled' forever."""
+    return pl.col("state").is_in(["started", "completed"]).any().over("rank")
+
+
+def size_rule_ok() -> pl.Expr:
+    """Per unit: the op's own shape rule (all_gather output = input x group size, reduce_scatter the reverse)."""
+    op = pl.col("op")
+    return (
+        pl.when(op.is_in(["all_gather", "all_gather_coalesced"]))
+        .then(pl.col("output_numel") == pl.col("input_numel") * pl.col("size"))
+        .when(op.is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
+        .then(pl.col("input_numel") == pl.col("output_numel") * pl.col("size"))
+        .otherwise(True)
+        .fill_null(True)
+    )
+
+
+def shape_key() -> pl.Expr:
+    """What must be equal across members: outputs for reduce_scatter, inputs for the rest."""
+    return (
+        pl.when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
+        .then(pl.col("output_sizes").cast(pl.String))
+        .otherwise(pl.col("input_sizes").cast(pl.String))
+    )
+
+
+# ---------------------------------------------------------------------------------------------- units
+
+
+def collective_units(entries: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
+    """One row per (group, seq, rank) for collectives; p2p and batch closers are left out."""
+    marked = entries.with_columns(
+        (pl.col("is_p2p") | is_p2p_closer()).alias("_p2p"),
+        reports_completion().alias("tracks_completion"),
+    )
+    coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
+    units = (
+        coll.group_by("group", "collective_seq_id", "rank")
+        .agg(
+            # A coalesced batch of collectives shares one seq: its last entry (the closer) carries the state;
+            # its members' shapes are summed so the batch is compared as one unit.
+            pl.len().alias("n_entries"),
+            pl.col("op").filter(pl.col("op") != "coalesced").first().fill_null(pl.col("op").first()),
+            pl.col("input_sizes").first(), pl.col("output_sizes").first(),
+            pl.col("input_dtypes").first(), pl.col("output_dtypes").first(),
+            pl.col("input_numel").sum(), pl.col("output_numel").sum(),
+            pl.col("state").last(), pl.col("record_id").min(), pl.col("stack_id").first(),
+            pl.col("time_created_ns").min(), pl.col("time_completed_ns").max(),
+            pl.col("tracks_completion").first(), pl.col("pg_id").first(),
+        )
+    )
+    multi = units.filter(pl.col("n_entries") > 1)
+    if multi.height:
+        # Signatures of multi-entry units: every member's shape, in record order, so batches compare whole.
+        sig = (
+            coll.join(multi.select("group", "collective_seq_id", "rank"), on=["group", "collective_seq_id", "rank"])
+            .sort("record_id")
+            .group_by("group", "collective_seq_id", "rank")
+            .agg(
+                pl.col("input_sizes").cast(pl.String).str.join(";").alias("_in"),
+                pl.col("output_sizes").cast(pl.String).str.join(";").alias("_out"),
+                pl.col("input_dtypes").cast(pl.String).str.join(";").alias("_dt"),
+            )
+        )
+        units = units.join(sig, on=["group", "collective_seq_id", "rank"], how="left").with_columns(
+            pl.coalesce(pl.col("_in").cast(pl.Categorical), "input_sizes").alias("input_sizes"),
+            pl.coalesce(pl.col("_out").cast(pl.Categorical), "output_sizes").alias("output_sizes"),
+            pl.coalesce(pl.col("_dt").cast(pl.Categorical), "input_dtypes").alias("input_dtypes"),
+        ).drop("_in", "_out", "_dt")
+    return units.join(groups.select("group", "size"), on="group", how="left")
+
+
+# ---------------------------------------------------------------------------------------------- progress
+
+
+def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
+             pg_status: pl.DataFrame) -> pl.DataFrame:
+    """How far each member of each group got. Uses pg_status where it is about collectives only."""
+    per = (
+        units.sort("collective_seq_id")
+        .group_by("group", "rank")
+        .agg(
+            pl.col("collective_seq_id").min().alias("first_seq"),
+            pl.col("collective_seq_id").max().alias("last_enqueued"),
+            pl.col("collective_seq_id").filter(pl.col("state") == "completed").max().alias("last_completed"),
+            pl.col("collective_seq_id").filter(pl.col("state") != "completed").min().alias("pending_seq"),
+            pl.col("op").last().alias("last_op"),
+            pl.col("state").last().alias("last_state"),
+            pl.col("pg_id").first(),
+        )
+    )
+    # pg_status survives ring-buffer wrap, but after a p2p op its "collective" counter holds the p2p seq:
+    # trust it only in groups that carry no p2p traffic.
+    p2p_groups = trace_entries.filter(pl.col("is_p2p")).select("group").unique()
+    status = pg_status.rename({"last_enqueued": "_st_enq", "last_completed": "_st_done"}).select(
+        "rank", "pg_id", "_st_enq", "_st_done")
+    per = (
+        per.join(status, on=["rank", "pg_id"], how="left")
+        .with_columns(pl.col("group").is_in(p2p_groups["group"].implode()).alias("_has_p2p"))
+    )
+
+    rank_info = dumps.filter(pl.col("loaded")).select(
+        "rank", pl.lit(True).alias("has_dump"), pl.col("wrapped"),
+    ).join(
+        trace_entries.group_by("rank").agg(reports_completion().first().alias("tracks_completion"))
+        if trace_entries.height else pl.DataFrame(schema={"rank": pl.Int64, "tracks_completion": pl.Boolean}),
+        on="rank", how="left",
+    )
+    out = (
+        members.join(per, on=["group", "rank"], how="left")
+        .join(rank_info, on="rank", how="left")
+        .with_columns(pl.col("has_dump").fill_null(False), pl.col("tracks_completion").fill_null(False))
+        .with_columns(
+            # A dump that never wrapped and has nothing in this group: the rank never enqueued anything in it.
+            pl.when(pl.col("last_enqueued").is_not_null()).then(
+                pl.when(~pl.col("_has_p2p") & pl.col("_st_enq").is_not_null())
+                .then(pl.max_horizontal("last_enqueued", "_st_enq")).otherwise("last_enqueued"))
+            .when(pl.col("has_dump") & ~pl.col("wrapped").fill_null(True)).then(pl.lit(0))
+            .otherwise(None).alias("last_enqueued"),
+            pl.when(pl.col("tracks_completion") & ~pl.col("_has_p2p").fill_null(True) & pl.col("_st_done").is_not_null())
+            .then(pl.max_horizontal("last_completed", "_st_done")).otherwise("last_completed").alias("last_completed"),
+        )
+        .with_columns(pl.col("last_enqueued").max().over("group").alias("frontier"))
+        .with_columns((pl.col("frontier") - pl.col("last_enqueued")).alias("behind"))
+    )
+    return conform(out, PROGRESS).sort("group", "rank")
+
+
+# ---------------------------------------------------------------------------------------------- collectives
+
+
+def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
+    """One row per (group, seq) inside the window all members cover, with a status."""
+    window = prog.group_by("group").agg(
+        pl.col("first_seq").max().alias("_lo"),
+        pl.col("last_enqueued").is_not_null().sum().alias("n_known"),
+    )
+    inst = (
+        units.join(window, on="group")
+        .filter(pl.col("collective_seq_id") >= pl.col("_lo"))
+        .with_columns(shape_key().alias("_shape"), size_rule_ok().alias("_self_ok"))
+        .group_by("group", "collective_seq_id")
+        .agg(
+            pl.col("op").mode().first().alias("op"),
+            pl.col("size").first(),
+            pl.len().alias("n_present"),
+            pl.col("n_known").first(),
+            (pl.col("state") == "completed").sum().alias("n_completed"),
+            pl.col("tracks_completion").sum().alias("n_tracking"),
+            (pl.col("op").n_unique() == 1).alias("type_ok"),
+            (pl.col("input_dtypes").n_unique() == 1).alias("dtype_ok"),
+            ((pl.col("_shape").n_unique() == 1) & pl.col("_self_ok").all()).alias("size_ok"),
+        )
+    )
+    everyone_in = pl.col("n_present") >= pl.col("n_known")
+    tracked = pl.col("n_tracking") == pl.col("n_present")
+    inst = inst.with_columns(
+        pl.when(~pl.col("type_ok")).then(pl.lit("type_mismatch"))
+        .when(~pl.col("dtype_ok")).then(pl.lit("dtype_mismatch"))
+        .when(~pl.col("size_ok")).then(pl.lit("size_mismatch"))
+        .when(~everyone_in).then(pl.lit("not_joined"))
+        .when(tracked & (pl.col("n_completed") > 0) & (pl.col("n_completed") < pl.col("n_present")))
+        .then(pl.lit("state_mismatch"))
+        .when(tracked & (pl.col("n_completed") == 0)).then(pl.lit("in_flight"))
+        .when(pl.col("n_known") < pl.col("size")).then(pl.lit("missing_dumps"))
+        .otherwise(pl.lit("matched"))
+        .alias("status")
+    )
+    return conform(inst, COLLECTIVES).sort("group", "collective_seq_id")
+
+
+def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.DataFrame:
+    """For each divergent collective: the ranks whose `field` differs from the most common value."""
+    u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
+        field.cast(pl.String).alias("_v"))
+    counts = u.group_by("group", "collective_seq_id", "_v").agg(pl.len().alias("_n"), pl.col("rank").sort())
+    ranked = counts.sort("_n", "_v", descending=[True, False]).group_by(
+        "group", "collective_seq_id", maintain_order=True)
+    return ranked.agg(
+        pl.col("_v").first().alias("majority"),
+        pl.col("_v").slice(1).str.join(" / ").alias("minority"),
+        pl.col("rank").slice(1).list.explode(keep_nulls=False, empty_as_null=False).sort().alias("ranks"),
+        # blame needs a strict majority: a tie, or one rank against one, can't say who is wrong
+        ((pl.col("_n").len() > 1) & (pl.col("_n").first() > pl.col("_n").slice(1).sum())).not_().alias("ambiguous"),
+    )
+
+
+def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
+    """Size mismatches where members agree on the input but some output breaks the op's own rule."""
+    u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
+        size_rule_ok().alias("_ok"))
+    return u.group_by("group", "collective_seq_id").agg(
+        pl.col("rank").filter(~pl.col("_ok")).sort().alias("_bad"),
+        pl.format("output {} for input {}", pl.col("output_sizes").cast(pl.String),
+                  pl.col("input_sizes").cast(pl.String)).filter(~pl.col("_ok")).first().alias("_bad_text"),
+    )
+
+
+def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
+    """Each group's first collective that is a mismatch or that some members never joined."""
+    bad = colls.filter(pl.col("status").is_in([*MISMATCH_STATUSES, "not_joined"]))
+    if bad.height == 0:
+        return pl.DataFrame(schema=DIVERGENCES)
+    firsts = bad.sort("collective_seq_id").group_by("group", maintain_order=True).first()
+    later = (
+        colls.join(firsts.select("group", pl.col("collective_seq_id").alias("_first")), on="group")
+        .filter((pl.col("collective_seq_id") > pl.col("_first")) & pl.col("status").is_in(MISMATCH_STATUSES))
+        .group_by("group").agg(pl.len().alias("later_mismatches"))
+    )
+    parts = []
+    for status, field in (("type_mismatch", pl.col("op")), ("dtype_mismatch", pl.col("input_dtypes")),
+                          ("size_mismatch", shape_key())):
+        sel = firsts.filter(pl.col("status") == status)
+        if sel.height:
+            m = _minority(units, sel, field)
+            if status == "size_mismatch":
+                # one shape everywhere, yet the op's rule is broken on some ranks: those ranks are the culprits
+                si = _self_inconsistent(units, sel)
+                m = m.join(si, on=["group", "collective_seq_id"], how="left").with_columns(
+                    pl.when(pl.col("minority") == "").then("_bad").otherwise("ranks").alias("ranks"),
+                    pl.when(pl.col("minority") == "").then("_bad_text").otherwise("minority").alias("minority"),
+                    pl.when(pl.col("minority") == "").then(pl.lit(False)).otherwise("ambiguous").alias("ambiguous"),
+                ).drop("_bad", "_bad_text")
+            parts.append(sel.join(m, on=["group", "collective_seq_id"]))
+    nj = firsts.filter(pl.col("status") == "not_joined")
+    if nj.height:
+        laggards = (
+            prog.join(nj.select("group", "collective_seq_id"), on="group")
+            .filter(pl.col("last_enqueued") < pl.col("collective_seq_id"))
+            .group_by("group", "collective_seq_id")
+            .agg(pl.col("rank").sort().alias("ranks"),
+                 pl.col("last_enqueued").max().cast(pl.String).alias("minority"))
+        )
+        parts.append(nj.join(laggards, on=["group", "collective_seq_id"], how="left").with_columns(
+            pl.col("op").cast(pl.String).alias("majority"),
+            (pl.col("size") <= 2).alias("ambiguous"),
+        ))
+    out = pl.concat([conform(p, DIVERGENCES) for p in parts]).drop("later_mismatches")
+    out = out.join(later, on="group", how="left").with_columns(pl.col("later_mismatches").fill_null(0))
+    return conform(out, DIVERGENCES).sort("group", "collective_seq_id")
+
+
+# ---------------------------------------------------------------------------------------------- p2p
+
+
+def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFrame:
+    """Pair sends with receives by (group, src, dst, k-th transfer).
+
+    The k-th send from A to B is the k-th receive at B from A when neither buffer wrapped. When one did, the
+    counts no longer line up, so only unfinished transfers are paired (their order is still the same on both
+    ends): that is all a hang needs, and completed transfers were matched by NCCL itself.
+    """
+    ops = entries.filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
+    if ops.height == 0:
+        return pl.DataFrame(schema=P2P_OPS_SCHEMA)
+    closers = entries.filter(is_p2p_closer()).select(
+        "rank", "group", "p2p_seq_id", pl.col("state").alias("_batch_state"))
+    # batch members are 'scheduled' forever, so whether a rank reports completion is read from all its entries
+    rank_info = entries.group_by("rank").agg(reports_completion().first().alias("_tracks")).join(
+        dumps.select("rank", "wrapped"), on="rank", how="left")
+    ops = (
+        ops.join(closers, on=["rank", "group", "p2p_seq_id"], how="left")
+        .join(rank_info, on="rank", how="left")
+        .with_columns(pl.coalesce("_batch_state", "state").alias("_st"))
+        .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")).alias("pending"))
+        .with_columns(
+            pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),
+            pl.when(pl.col("op") == "send").then("peer").otherwise("rank").alias("dst"),
+        )
+        .sort("rank", "record_id")
+    )
+    # Pair over the whole window only where both ends kept their whole history.
+    any_wrapped = dumps["wrapped"].any()
+    pool = ops if not any_wrapped else ops.filter(pl.col("pending"))
+    pool = pool.with_columns(pl.int_range(pl.len()).over("group", "src", "dst", "op").alias("ordinal"))
+    sends = pool.filter(pl.col("op") == "send").select(
+        "group", "src", "dst", "ordinal", pl.col("rank").alias("send_rank"),
+        pl.col("pending").alias("send_pending"), pl.col("input_sizes").alias("send_sizes"))
+    recvs = pool.filter(pl.col("op") == "recv").select(
+        "group", "src", "dst", "ordinal", pl.col("rank").alias("recv_rank"),
+        pl.col("pending").alias("recv_pending"), pl.col("output_sizes").alias("recv_sizes"))
+    pairs = sends.join(recvs, on=["group", "src", "dst", "ordinal"], how="full", coalesce=True)
+    pairs = pairs.with_columns(
+        pl.when(pl.col("recv_rank").is_null()).then(pl.lit("unmatched_send"))
+        .when(pl.col("send_rank").is_null()).then(pl.lit("unmatched_recv"))
+        .when(pl.col("send_sizes").cast(pl.String) != pl.col("recv_sizes").cast(pl.String)).then(pl.lit("size_mismatch"))
+        .when(pl.col("send_pending") | pl.col("recv_pending")).then(pl.lit("in_flight"))
+        .otherwise(pl.lit("matched")).alias("status"),
+    )
+    return conform(pairs, P2P_OPS_SCHEMA).sort("group", "src", "dst", "ordinal")
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+
+
+def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
+          pg_status: pl.DataFrame) -> Matching:
+    """Run every matching step over all groups at once."""
+    units = collective_units(entries, groups)
+    prog = progress(units, entries, members, dumps, pg_status)
+    colls = classify(units, prog)
+    return Matching(
+        units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog),
+        p2p=p2p_pairs(entries, dumps),
+    )

@@ -1,0 +1,202 @@
+"""The report: findings ordered root causes first, as versioned JSON, text, markdown and HTML.
+
+The JSON shape is a contract (docs/report.schema.json): fields may be added, never renamed.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from .load import format_ranks
+from .schema import REPORT_VERSION
+
+ROLES = ("root_cause", "symptom", "warning")
+VERDICT_EXIT_CODES = {"healthy": 0, "fault": 1, "inconclusive": 1}
+
+
+@dataclass(frozen=True)
+class ProcessGroupRef:
+    name: str
+    desc: str
+    size: int
+
+    def label(self) -> str:
+        desc = f" (desc '{self.desc}')" if self.desc and self.desc != "undefined" else ""
+        return f"group {self.name}{desc}"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing flightrec found. `evidence` is free-form, documented per kind in docs/findings.md."""
+
+    kind: str
+    role: str
+    message: str
+    ranks: list[int] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)
+    links: list[list[str]] = field(default_factory=list)
+    process_group: ProcessGroupRef | None = None
+    collective_seq_id: int | None = None
+    p2p_seq_id: int | None = None
+    op: str | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+    stacks: list[dict] = field(default_factory=list)   # frames of the culprits' last entries (text report)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "role": self.role,
+            "ranks": sorted(self.ranks),
+            "hosts": sorted(self.hosts),
+            "links": sorted(sorted(link) for link in self.links),
+            "process_group": None if self.process_group is None else {
+                "name": self.process_group.name, "desc": self.process_group.desc, "size": self.process_group.size},
+            "collective_seq_id": self.collective_seq_id,
+            "p2p_seq_id": self.p2p_seq_id,
+            "op": self.op,
+            "message": self.message,
+            "evidence": self.evidence,
+        }
+
+
+@dataclass(frozen=True)
+class DumpSummary:
+    world_size: int
+    loaded: int
+    missing_ranks: list[int]
+    versions: list[str]
+    refused: list[dict[str, str]] = field(default_factory=list)
+    host_source: str = "none"
+
+
+@dataclass(frozen=True)
+class Report:
+    """What `flightrec.analyze` returns. `trace` and `matching` give the frames behind it (for notebooks)."""
+
+    verdict: str
+    summary: str
+    findings: list[Finding]
+    dumps: DumpSummary
+    trace: Any = field(default=None, repr=False, compare=False)
+    matching: Any = field(default=None, repr=False, compare=False)
+    waits: Any = field(default=None, repr=False, compare=False)
+    topology: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def root_causes(self) -> list[Finding]:
+        return [f for f in self.findings if f.role == "root_cause"]
+
+    @property
+    def culprits(self) -> dict[str, list]:
+        roots = self.root_causes
+        return {
+            "ranks": sorted({r for f in roots for r in f.ranks}),
+            "hosts": sorted({h for f in roots for h in f.hosts}),
+            "links": sorted({tuple(sorted(link)) for f in roots for link in f.links}),
+        }
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT_CODES[self.verdict]
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.culprits
+        return {
+            "report_version": REPORT_VERSION,
+            "verdict": self.verdict,
+            "summary": self.summary,
+            "culprits": {"ranks": c["ranks"], "hosts": c["hosts"], "links": [list(x) for x in c["links"]]},
+            "findings": [f.to_dict() for f in self.findings],
+            "dumps": {
+                "world_size": self.dumps.world_size,
+                "loaded": self.dumps.loaded,
+                "missing_ranks": self.dumps.missing_ranks,
+                "versions": self.dumps.versions,
+                "refused": self.dumps.refused,
+                "host_source": self.dumps.host_source,
+            },
+        }
+
+    # ------------------------------------------------------------------------------------------ text
+
+    def to_text(self) -> str:
+        lines = [self.summary, ""]
+        lines.append(self._dumps_line())
+        for title, role in (("Root cause", "root_cause"), ("Symptoms", "symptom"), ("Warnings", "warning")):
+            found = [f for f in self.findings if f.role == role]
+            if not found:
+                continue
+            lines += ["", f"{title}:"]
+            for f in found:
+                lines.append(f"  [{f.kind}] {f.message}")
+                for key, value in _evidence_lines(f):
+                    lines.append(f"      {key}: {value}")
+        stacks = [(f, s) for f in self.root_causes for s in f.stacks]
+        if stacks:
+            lines += ["", "Stack of the culprit's last entry:"]
+            for f, s in stacks[:4]:
+                lines.append(f"  rank {s['rank']} ({s['what']}):")
+                for frame in s["frames"][:12]:
+                    lines.append(f"    {frame['name']} at {frame['filename']}:{frame['line']}")
+        return "\n".join(lines).rstrip() + "\n"
+
+    def _dumps_line(self) -> str:
+        d = self.dumps
+        text = f"Dumps: {d.loaded} of {d.world_size} ranks loaded (recorder {', '.join(d.versions) or '?'})"
+        if d.missing_ranks:
+            text += f"; missing: ranks {format_ranks(d.missing_ranks)}"
+        if d.refused:
+            text += f"; {len(d.refused)} file(s) refused"
+        return text
+
+    def to_markdown(self) -> str:
+        lines = [f"## flightrec: {self.verdict.upper()}", "", f"**{self.summary}**", "", self._dumps_line(), ""]
+        c = self.culprits
+        if any(c.values()):
+            lines += ["| culprit | value |", "|---|---|"]
+            if c["ranks"]:
+                lines.append(f"| ranks | {format_ranks(c['ranks'])} |")
+            if c["hosts"]:
+                lines.append(f"| hosts | {', '.join(c['hosts'])} |")
+            if c["links"]:
+                lines.append(f"| links | {', '.join(' <-> '.join(x) for x in c['links'])} |")
+            lines.append("")
+        lines += ["| role | kind | finding |", "|---|---|---|"]
+        for f in self.findings:
+            lines.append(f"| {f.role} | {f.kind} | {f.message.replace('|', '/')} |")
+        stacks = [s for f in self.root_causes for s in f.stacks]
+        if stacks:
+            s = stacks[0]
+            lines += ["", f"<details><summary>Stack of rank {s['rank']} ({s['what']})</summary>", "", "```"]
+            lines += [f"{fr['name']} at {fr['filename']}:{fr['line']}" for fr in s["frames"][:12]]
+            lines += ["```", "</details>"]
+        return "\n".join(lines) + "\n"
+
+    def _repr_html_(self) -> str:
+        colour = {"healthy": "#2e7d32", "fault": "#c62828", "inconclusive": "#ef6c00"}[self.verdict]
+        rows = "".join(
+            f"<tr><td>{html.escape(f.role)}</td><td>{html.escape(f.kind)}</td><td>{html.escape(f.message)}</td></tr>"
+            for f in self.findings
+        )
+        return (
+            f"<div><p style='color:{colour};font-weight:bold'>{html.escape(self.summary)}</p>"
+            f"<p>{html.escape(self._dumps_line())}</p>"
+            f"<table><tr><th>role</th><th>kind</th><th>finding</th></tr>{rows}</table></div>"
+        )
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def _evidence_lines(f: Finding) -> list[tuple[str, str]]:
+    out = []
+    for key, value in f.evidence.items():
+        if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+            value = format_ranks(value)
+        elif isinstance(value, list):
+            value = ", ".join(" <-> ".join(v) if isinstance(v, list) else str(v) for v in value[:12]) + (
+                f", ... ({len(value)})" if len(value) > 12 else "")
+        out.append((key.replace("_", " "), str(value)))
+    return out

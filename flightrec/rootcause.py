@@ -1,0 +1,356 @@
+"""From matching, the wait-for graph and group testing to findings: root causes, symptoms, warnings.
+
+Loops here run over the few findings (roots, divergent groups, cycles), never over entries.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import polars as pl
+
+from .load import Trace, format_ranks
+from .locate import Location
+from .match import Matching
+from .report import Finding, ProcessGroupRef
+from .schema import MISMATCH_STATUSES
+from .topology import Topology
+from .waits import Waits
+
+_FIELD_WORDS = {"type_mismatch": "called", "dtype_mismatch": "used dtype", "size_mismatch": "used shape"}
+
+
+class _Context:
+    """Lookups over the small frames the findings need."""
+
+    def __init__(self, trace: Trace, m: Matching, w: Waits, topo: Topology):
+        self.trace, self.m, self.w, self.topo = trace, m, w, topo
+        self.groups = {
+            g: ProcessGroupRef(name or "", desc or "", int(size))
+            for g, name, desc, size in trace.groups.select("group", "pg_name", "pg_desc", "size").iter_rows()
+        }
+        self.has_dump = set(trace.dumps.filter(pl.col("loaded"))["rank"].to_list())
+
+    def rank_label(self, rank: int) -> str:
+        host = self.topo.host_of.get(rank)
+        return f"rank {rank} (host {host})" if host else f"rank {rank}"
+
+    def ranks_label(self, ranks: list[int]) -> str:
+        if len(ranks) == 1:
+            return self.rank_label(ranks[0])
+        hosts = self.topo.hosts(ranks)
+        where = f" (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})" if hosts else ""
+        return f"ranks {format_ranks(ranks)}{where}"
+
+    def op_at(self, group: str, seq: int | None) -> str | None:
+        if seq is None:
+            return None
+        row = self.m.collectives.filter((pl.col("group") == group) & (pl.col("collective_seq_id") == seq))
+        if row.height:
+            return str(row["op"][0])
+        row = self.m.units.filter((pl.col("group") == group) & (pl.col("collective_seq_id") == seq))
+        return str(row["op"][0]) if row.height else None
+
+    def last_entry(self, rank: int) -> dict | None:
+        mine = self.trace.entries.filter(pl.col("rank") == rank)
+        if mine.height == 0:
+            return None
+        return mine.sort("record_id").row(-1, named=True)
+
+    def stack_of(self, rank: int, what: str) -> list[dict]:
+        last = self.last_entry(rank)
+        if last is None or last["stack_id"] is None:
+            return []
+        frames = self.trace.stacks.filter(pl.col("stack_id") == last["stack_id"])["frames"]
+        return [{"rank": rank, "what": what, "frames": frames[0].to_list() if hasattr(frames[0], "to_list") else frames[0]}] if len(frames) else []
+
+    def describe_last(self, rank: int) -> str:
+        e = self.last_entry(rank)
+        if e is None:
+            return "no entry recorded"
+        g = self.groups.get(e["group"])
+        where = g.label() if g else f"group {e['pg_name']}"
+        seq = f" #{e['collective_seq_id']}" if not e["is_p2p"] else ""
+        return f"{e['op']}{seq} in {where}, {e['state']}"
+
+
+def _mismatch_findings(ctx: _Context) -> list[Finding]:
+    out = []
+    div = ctx.m.divergences.filter(pl.col("status").is_in(MISMATCH_STATUSES))
+    for row in div.iter_rows(named=True):
+        g = ctx.groups[row["group"]]
+        seq, op, status = row["collective_seq_id"], str(row["op"]), row["status"]
+        word = _FIELD_WORDS[status]
+        present = ctx.m.units.filter((pl.col("group") == row["group"]) & (pl.col("collective_seq_id") == seq))
+        ranks = row["ranks"]
+        if row["ambiguous"]:
+            ranks = sorted(present["rank"].to_list())
+            msg = (f"members of {g.label()} disagree at {op} #{seq}: {row['majority']} vs {row['minority']} "
+                   f"({ctx.ranks_label(ranks)}); with {len(ranks)} members it can't be said which side is wrong")
+        else:
+            others = len(present) - len(ranks)
+            msg = (f"{ctx.ranks_label(ranks)} {word} {row['minority']} in {op} #{seq} of {g.label()}, where the "
+                   f"other {others:,} member{'s' if others != 1 else ''} {word} {row['majority']}")
+        out.append(Finding(
+            kind="mismatch", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
+            process_group=g, collective_seq_id=seq, op=op,
+            evidence={"mismatch": status, "majority": row["majority"], "minority": row["minority"],
+                      "ambiguous": row["ambiguous"], "later_mismatches_in_group": row["later_mismatches"],
+                      "waiting_ranks": len(ctx.w.waiters_of(ranks))},
+            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, f"{op} #{seq}")],
+        ))
+    return out
+
+
+def _p2p_findings(ctx: _Context) -> list[Finding]:
+    """A pending send nobody expects, from a rank that someone else expects a receive from: a wrong peer."""
+    p2p = ctx.m.p2p
+    sends = p2p.filter((pl.col("status") == "unmatched_send") & pl.col("send_pending"))
+    recvs = p2p.filter((pl.col("status") == "unmatched_recv") & pl.col("recv_pending"))
+    out = []
+    for row in sends.iter_rows(named=True):
+        a, c = row["src"], row["dst"]
+        expecting = recvs.filter((pl.col("src") == a) & (pl.col("recv_rank") != c) & (pl.col("group") == row["group"]))
+        if expecting.height == 0:
+            continue
+        b = int(expecting["recv_rank"][0])
+        g = ctx.groups.get(row["group"])
+        msg = (f"{ctx.rank_label(a)} sends to rank {c}, which posted no matching receive, while rank {b} waits "
+               f"for a receive from rank {a} in {g.label() if g else row['group']}: a send/recv peer mismatch")
+        out.append(Finding(
+            kind="p2p_unmatched", role="root_cause", message=msg, ranks=[a], hosts=ctx.topo.hosts([a]),
+            process_group=g, op="send",
+            evidence={"sent_to": c, "expected_by": b, "shape": str(row["send_sizes"]),
+                      "suspect_link": ctx.topo.hosts([a]) + ctx.topo.hosts([b]),
+                      "waiting_ranks": len(ctx.w.waiters_of([a]))},
+            stacks=ctx.stack_of(a, "send"),
+        ))
+    for row in p2p.filter(pl.col("status") == "size_mismatch").iter_rows(named=True):
+        a, b = row["send_rank"], row["recv_rank"]
+        g = ctx.groups.get(row["group"])
+        out.append(Finding(
+            kind="p2p_unmatched", role="root_cause", ranks=[a, b], hosts=ctx.topo.hosts([a, b]), process_group=g,
+            op="send", message=(f"rank {a} sends {row['send_sizes']} to rank {b}, which receives "
+                                f"{row['recv_sizes']} (transfer {row['ordinal']} in {g.label() if g else row['group']})"),
+            evidence={"send_shape": str(row["send_sizes"]), "recv_shape": str(row["recv_sizes"])},
+        ))
+    return out
+
+
+def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:
+    out = []
+    for ranks, groups in ctx.w.cycles:
+        if explained & set(ranks):
+            continue
+        labels = [ctx.groups[g].label() if g in ctx.groups else f"group {g}" for g in groups]
+        doing = {r: ctx.describe_last(r) for r in ranks[:6]}
+        msg = (f"deadlock: {ctx.ranks_label(ranks)} wait for each other across {', '.join(labels)}: "
+               "they entered these groups' collectives in different orders")
+        out.append(Finding(
+            kind="deadlock", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
+            evidence={"groups": groups, "last_entries": {str(r): d for r, d in doing.items()},
+                      "waiting_ranks": len(ctx.w.waiters_of(ranks))},
+            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, "last entry")],
+        ))
+    return out
+
+
+def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[Finding]:
+    """Roots of the wait graph: ranks that others wait for and that wait for nobody."""
+    roots = [r for r in ctx.w.roots if r not in explained and r not in stuck]
+    edges = ctx.w.edges.filter(pl.col("dst").is_in([f"r:{r}" for r in roots]))
+    missing = [r for r in roots if r not in ctx.has_dump]
+    out = _missing_findings(ctx, missing, edges)
+
+    # A root is often waited on in several groups; name the op it should have run first: the one its peers
+    # enqueued earliest.
+    when = (ctx.m.units.join(edges.select("group", pl.col("seq").alias("collective_seq_id")).unique(),
+                             on=["group", "collective_seq_id"])
+            .group_by("group", "collective_seq_id").agg(pl.col("time_created_ns").min().alias("_t")))
+    edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
+    by_instance: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+    for r in roots:
+        if r in missing:
+            continue
+        mine = edges.filter(pl.col("dst") == f"r:{r}").sort("_t", "kind", "group", nulls_last=True)
+        if mine.height == 0:
+            continue
+        first = mine.row(0, named=True)
+        by_instance[(first["group"], first["seq"] if first["kind"] != "p2p" else None, first["kind"])].append(r)
+    for (group, seq, kind), ranks in sorted(by_instance.items(), key=lambda kv: kv[1][0]):
+        g = ctx.groups.get(group)
+        waiting = ctx.w.waiters_of(ranks)
+        doing = ctx.describe_last(ranks[0])
+        if kind == "p2p":
+            msg = (f"{ctx.ranks_label(ranks)} never posted the send/recv its pipeline peer waits for in "
+                   f"{g.label() if g else group}; {len(waiting):,} ranks wait on it")
+            op = "send/recv"
+        else:
+            op = ctx.op_at(group, seq) or "collective"
+            msg = (f"{ctx.ranks_label(ranks)} never joined {op} #{seq} in {g.label() if g else group}; "
+                   f"{len(waiting):,} rank{'s' if len(waiting) != 1 else ''} wait on {'it' if len(ranks) == 1 else 'them'}")
+        out.append(Finding(
+            kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
+            process_group=g, collective_seq_id=seq, op=op,
+            evidence={"last_entry": doing, "waiting_ranks": len(waiting),
+                      "note": "its last recorded op finished: it is stuck outside any collective"
+                      if "completed" in doing else "its last recorded op did not finish"},
+            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, "last entry")],
+        ))
+    return out
+
+
+def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) -> list[Finding]:
+    if not missing:
+        return []
+    out = []
+    by_host: dict[str | None, list[int]] = defaultdict(list)
+    for r in missing:
+        by_host[ctx.topo.host_of.get(r)].append(r)
+    for host, ranks in sorted(by_host.items(), key=lambda kv: kv[1][0]):
+        groups = sorted(set(edges.filter(pl.col("dst").is_in([f"r:{r}" for r in ranks]))["group"].to_list()))
+        labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
+        waiting = ctx.w.waiters_of(ranks)
+        on_host = ctx.topo.ranks_on(host) if host else []
+        whole_host = bool(on_host) and set(on_host) <= set(ctx.trace.missing_ranks)
+        if whole_host:
+            msg = (f"host {host} is down: none of its {len(on_host)} ranks ({format_ranks(on_host)}) left a dump, "
+                   f"and {len(waiting):,} ranks wait on them in {', '.join(labels)}")
+        else:
+            msg = (f"{ctx.ranks_label(ranks)} left no dump, and {len(waiting):,} rank{'s' if len(waiting) != 1 else ''} "
+                   f"wait on {'it' if len(ranks) == 1 else 'them'} in {', '.join(labels)}")
+        out.append(Finding(
+            kind="missing_dump", role="root_cause", message=msg, ranks=ranks,
+            hosts=[host] if host else [],
+            process_group=ctx.groups.get(groups[0]) if len(groups) == 1 else None,
+            evidence={"waiting_ranks": len(waiting), "groups": groups, "whole_host_missing": whole_host},
+        ))
+    return out
+
+
+def _stuck_findings(ctx: _Context, loc: Location | None, explained: set[int]) -> list[Finding]:
+    if loc is None or not set(loc.stuck_ranks) - explained:
+        return []
+    n = len(loc.stuck_groups)
+    evidence = {"stuck_groups": loc.stuck_groups[:50], "stuck_group_count": n, "healthy_groups": loc.healthy_groups,
+                "hosts_in_every_stuck_group": loc.candidates}
+    groups = [ctx.groups[g] for g in loc.stuck_groups if g in ctx.groups]
+    what = f"{n} collective{'s' if n != 1 else ''} ({', '.join(g.label() for g in groups[:3])}{', ...' if n > 3 else ''})"
+    if loc.links:
+        a, b = loc.links[0]
+        healthy = (f" and none of the {loc.healthy_groups:,} groups that kept completing does"
+                   if loc.healthy_groups else "")
+        msg = (f"link {a} <-> {b}: {what} are in flight on every member and completed on none; every stuck group "
+               f"spans both hosts{healthy}")
+        return [Finding(kind="stuck_in_flight", role="root_cause", message=msg, links=loc.links, evidence=evidence)]
+    if loc.hosts:
+        ranks = [r for r in loc.stuck_ranks if ctx.topo.host_of.get(r) in loc.hosts]
+        healthy = f" and in none of the {loc.healthy_groups:,} that kept completing" if loc.healthy_groups else ""
+        msg = (f"host {', '.join(loc.hosts)}: {what} are in flight on every member and completed on none; "
+               f"the host is in every stuck group{healthy}")
+        return [Finding(kind="stuck_in_flight", role="root_cause", message=msg, ranks=ranks, hosts=loc.hosts,
+                        evidence=evidence)]
+    reason = "no host mapping (pass --hosts or --ranks-per-host)" if not ctx.topo.host_of else (
+        f"{len(loc.candidates)} hosts are in every stuck group")
+    msg = (f"{what} are in flight on every member ({ctx.ranks_label(loc.stuck_ranks)}) and completed on none: "
+           f"a hang below the collective (GPU, NIC or link), not narrowed to one host or link: {reason}")
+    return [Finding(kind="stuck_in_flight", role="symptom", message=msg, ranks=loc.stuck_ranks, evidence=evidence)]
+
+
+def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
+    edges = ctx.w.edges.filter(pl.col("src").str.starts_with("r:")).with_columns(
+        pl.col("src").str.slice(2).cast(pl.Int64).alias("rank"))
+    edges = edges.filter(~pl.col("rank").is_in(list(culprits)))
+    if edges.height == 0:
+        return []
+    descs = ctx.trace.groups.select("group", pl.col("pg_desc").fill_null(""), "pg_name")
+    per = (edges.join(descs, on="group", how="left")
+           .group_by("pg_desc").agg(pl.col("rank").unique().sort(), pl.col("group").n_unique().alias("n_groups"),
+                                    pl.col("kind").mode().first())
+           .sort(pl.col("rank").list.len(), descending=True))
+    out = []
+    for desc, ranks, n_groups, kind in per.iter_rows():
+        label = f"desc '{desc}'" if desc else "unnamed groups"
+        how = {"behind": "for members that have not joined", "missing": "for members that left no dump",
+               "p2p": "for a send/recv peer"}[kind]
+        out.append(Finding(
+            kind="waiting", role="symptom", ranks=ranks,
+            message=f"{len(ranks):,} rank{'s wait' if len(ranks) != 1 else ' waits'} in {n_groups:,} group{'s' if n_groups != 1 else ''} ({label}) {how}",
+            evidence={"groups": n_groups, "ranks": ranks},
+        ))
+    return out
+
+
+def _warning_findings(ctx: _Context, reported_missing: set[int]) -> list[Finding]:
+    out = []
+    missing = [r for r in ctx.trace.missing_ranks if r not in reported_missing]
+    if missing:
+        out.append(Finding(kind="missing_dump", role="warning", ranks=missing, hosts=ctx.topo.hosts(missing),
+                           message=f"{ctx.ranks_label(missing)} left no dump; no loaded rank is provably waiting on "
+                                   f"{'it' if len(missing) == 1 else 'them'}",
+                           evidence={"missing_ranks": missing}))
+    versions = sorted(v for v in ctx.trace.dumps["version"].drop_nulls().unique().to_list())
+    if len(versions) > 1:
+        out.append(Finding(kind="mixed_versions", role="warning",
+                           message=f"dumps come from different recorder versions ({', '.join(versions)}): a partial "
+                                   "PyTorch rollout? Analysed together.", evidence={"versions": versions}))
+    for path, problems in ctx.trace.dumps.filter(pl.col("problems").list.len() > 0).select("path", "problems").iter_rows():
+        out.append(Finding(kind="dump_problem", role="warning", message=f"{path}: {'; '.join(problems)}",
+                           evidence={"path": path, "problems": problems}))
+    later = ctx.m.divergences.filter(pl.col("later_mismatches") > 0)
+    for group, n in later.select("group", "later_mismatches").iter_rows():
+        g = ctx.groups.get(group)
+        out.append(Finding(kind="later_mismatches", role="warning", process_group=g,
+                           message=f"{n} more collective{'s' if n != 1 else ''} after the first divergence in "
+                                   f"{g.label() if g else group} also disagree", evidence={"count": n}))
+    states = ctx.m.collectives.filter(pl.col("status") == "state_mismatch")
+    if states.height:
+        out.append(Finding(kind="state_mismatch", role="warning",
+                           message=f"{states.height} collective(s) completed on some members but not on others "
+                                   "(a watchdog that stopped polling, or a dump taken mid-flight)",
+                           evidence={"groups": sorted(states["group"].unique().to_list())[:20]}))
+    return out
+
+
+def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: Topology) -> tuple[str, str, list[Finding]]:
+    """Return (verdict, one-line summary, findings ordered root causes, symptoms, warnings)."""
+    ctx = _Context(trace, m, w, topo)
+    roots: list[Finding] = []
+    roots += _mismatch_findings(ctx)
+    # ranks stuck in a mismatched collective are explained by it, whichever side they are on
+    mismatched = m.divergences.filter(pl.col("status").is_in(MISMATCH_STATUSES)).select("group", "collective_seq_id")
+    explained = set(m.units.join(mismatched, on=["group", "collective_seq_id"])["rank"].to_list())
+    roots += _p2p_findings(ctx)
+    explained |= {r for f in roots for r in f.ranks}
+    p2p_culprits = {r for f in roots if f.kind == "p2p_unmatched" for r in f.ranks}
+    # a wrong-peer send closes a loop of pipeline waits: that loop is its symptom, not a deadlock
+    p2p_cycle = {r for ranks, _ in w.cycles if p2p_culprits & set(ranks) for r in ranks}
+    dead = _deadlock_findings(ctx, p2p_culprits)
+    roots += dead
+    explained |= {r for f in dead for r in f.ranks} | p2p_cycle
+    stuck = set(loc.stuck_ranks) if loc else set()
+    roots += _root_findings(ctx, explained, stuck)
+    stuck_findings = _stuck_findings(ctx, loc, explained)
+
+    findings = [f for f in roots if f.role == "root_cause"] + [f for f in stuck_findings if f.role == "root_cause"]
+    culprits = {r for f in findings for r in f.ranks}
+    symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits)
+    reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
+    warnings = _warning_findings(ctx, reported_missing)
+    findings += symptoms + warnings
+
+    if any(f.role == "root_cause" for f in findings):
+        verdict = "fault"
+        summary = "FAULT: " + findings[0].message
+        if len([f for f in findings if f.role == "root_cause"]) > 1:
+            summary += f" (+{len([f for f in findings if f.role == 'root_cause']) - 1} more root cause(s))"
+    elif symptoms or trace.missing_ranks:
+        verdict = "inconclusive"
+        first = symptoms[0] if symptoms else warnings[0]
+        summary = "INCONCLUSIVE: " + first.message
+    else:
+        verdict = "healthy"
+        n_groups = m.progress["group"].n_unique()
+        summary = (f"HEALTHY: all {trace.world_size:,} ranks agree on every collective in {n_groups:,} process "
+                   f"group{'s' if n_groups != 1 else ''}; nobody is behind, nothing is stuck")
+    return verdict, summary, findings

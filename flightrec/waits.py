@@ -1,0 +1,137 @@
+"""Who waits for whom, across every process group: the wait-for graph and its roots.
+
+Rank A waits for rank B when A is inside a group op that B has not joined: A enqueued a later collective in
+the group than B did (a collective can't finish without every member), or A is blocked in a group whose
+member B left no dump, or A's send/recv has no counterpart posted by B. Edges are built per group through a
+group node (A -> group -> B), so a group of 16,384 behind one member is a star, not a clique.
+
+The roots are the ranks that are waited on and wait for nobody; a cycle is a deadlock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+import polars as pl
+
+from .match import Matching
+
+WAIT_EDGES = pl.Schema({
+    "src": pl.String,        # "r:<rank>" or "g:<group>"
+    "dst": pl.String,
+    "kind": pl.Enum(["behind", "missing", "p2p"]),
+    "group": pl.String,
+    "seq": pl.Int64,         # the collective (or p2p ordinal) the waiter is in
+})
+
+
+def rank_node(rank: int) -> str:
+    return f"r:{rank}"
+
+
+def group_node(group: str) -> str:
+    return f"g:{group}"
+
+
+@dataclass(frozen=True)
+class Waits:
+    """The wait-for graph.
+
+    Attributes:
+        edges: one row per edge (schema WAIT_EDGES), the input the graph was built from.
+        graph: networkx DiGraph over rank nodes "r:<rank>" and group nodes "g:<group>".
+        roots: ranks that someone waits for (directly or through a group) and that wait for nobody.
+        cycles: each a sorted list of ranks that wait for each other (a deadlock), with its groups.
+        waiting: ranks that wait on something (have an outgoing edge).
+    """
+
+    edges: pl.DataFrame
+    graph: nx.DiGraph
+    roots: list[int]
+    cycles: list[tuple[list[int], list[str]]]
+    waiting: list[int]
+
+    def waiters_of(self, ranks: list[int]) -> list[int]:
+        """Every rank that transitively waits on any of `ranks`."""
+        seen: set[str] = set()
+        stack = [rank_node(r) for r in ranks if rank_node(r) in self.graph]
+        while stack:
+            node = stack.pop()
+            for pred in self.graph.predecessors(node):
+                if pred not in seen:
+                    seen.add(pred)
+                    stack.append(pred)
+        return sorted(int(n[2:]) for n in seen if n.startswith("r:") and int(n[2:]) not in ranks)
+
+
+def _last_group_per_rank(entries: pl.DataFrame) -> pl.DataFrame:
+    return entries.group_by("rank").agg(pl.col("group").sort_by("record_id").last().alias("_last_group"))
+
+
+def wait_edges(m: Matching, entries: pl.DataFrame) -> pl.DataFrame:
+    prog = m.progress
+    known = prog.filter(pl.col("last_enqueued").is_not_null())
+    low = known.group_by("group").agg(pl.col("last_enqueued").min().alias("_min"))
+    prog_low = known.join(low, on="group").filter(pl.col("_min") < pl.col("frontier"))
+    behind_in = prog_low.filter(pl.col("last_enqueued") > pl.col("_min")).select(
+        pl.format("r:{}", "rank").alias("src"), pl.format("g:{}", "group").alias("dst"),
+        pl.lit("behind").alias("kind"), "group", pl.col("last_enqueued").alias("seq"))
+    behind_out = prog_low.filter(pl.col("last_enqueued") == pl.col("_min")).select(
+        pl.format("g:{}", "group").alias("src"), pl.format("r:{}", "rank").alias("dst"),
+        pl.lit("behind").alias("kind"), "group", (pl.col("last_enqueued") + 1).alias("seq"))
+
+    # Members with no dump: a waiter is a member provably blocked in the group (its op there is unfinished);
+    # when its recorder can't say (Gloo), the group holding its last entry is where it stopped.
+    last = _last_group_per_rank(entries)
+    has_missing = prog.filter(~pl.col("has_dump")).select("group").unique()
+    blocked = (
+        prog.filter(pl.col("has_dump")).join(has_missing, on="group").join(last, on="rank", how="left")
+        .filter(pl.when(pl.col("tracks_completion")).then(pl.col("pending_seq").is_not_null())
+                .otherwise(pl.col("_last_group") == pl.col("group")))
+    )
+    missing_in = blocked.select(
+        pl.format("r:{}", "rank").alias("src"), pl.format("g:{}", "group").alias("dst"),
+        pl.lit("missing").alias("kind"), "group", pl.coalesce("pending_seq", "last_enqueued").alias("seq"))
+    missing_out = (
+        prog.filter(~pl.col("has_dump")).join(blocked.select("group").unique(), on="group")
+        .select(pl.format("g:{}", "group").alias("src"), pl.format("r:{}", "rank").alias("dst"),
+                pl.lit("missing").alias("kind"), "group", pl.lit(None, pl.Int64).alias("seq"))
+    )
+
+    p2p = m.p2p
+    recv_waits = p2p.filter((pl.col("status") == "unmatched_recv") & pl.col("recv_pending")).select(
+        pl.format("r:{}", "recv_rank").alias("src"), pl.format("r:{}", "src").alias("dst"),
+        pl.lit("p2p").alias("kind"), "group", pl.col("ordinal").alias("seq"))
+    send_waits = p2p.filter((pl.col("status") == "unmatched_send") & pl.col("send_pending")).select(
+        pl.format("r:{}", "send_rank").alias("src"), pl.format("r:{}", "dst").alias("dst"),
+        pl.lit("p2p").alias("kind"), "group", pl.col("ordinal").alias("seq"))
+
+    parts = [behind_in, behind_out, missing_in, missing_out, recv_waits, send_waits]
+    return pl.concat([p.cast(WAIT_EDGES) for p in parts]).unique().sort("src", "dst", "group")
+
+
+def build_waits(m: Matching, entries: pl.DataFrame) -> Waits:
+    edges = wait_edges(m, entries)
+    graph = nx.DiGraph()
+    graph.add_edges_from(zip(edges["src"].to_list(), edges["dst"].to_list()))
+
+    def is_rank(n: str) -> bool:
+        return n.startswith("r:")
+
+    roots = sorted(
+        int(n[2:]) for n in graph.nodes
+        if is_rank(n) and graph.out_degree(n) == 0 and graph.in_degree(n) > 0
+    )
+    cycles = []
+    for comp in nx.strongly_connected_components(graph):
+        ranks = sorted(int(n[2:]) for n in comp if is_rank(n))
+        if len(ranks) > 1:
+            groups = sorted(n[2:] for n in comp if not is_rank(n))
+            p2p_groups = edges.filter(
+                pl.col("src").is_in(list(comp)) & pl.col("dst").is_in(list(comp)) & (pl.col("kind") == "p2p")
+            )["group"].unique().to_list()
+            cycles.append((ranks, sorted(set(groups) | set(p2p_groups))))
+    cycles.sort()
+    waiting = sorted(int(n[2:]) for n in graph.nodes if is_rank(n) and graph.out_degree(n) > 0)
+    return Waits(edges=edges, graph=graph, roots=roots, cycles=cycles, waiting=waiting)
