@@ -103,28 +103,23 @@ def _mismatch_findings(ctx: _Context) -> list[Finding]:
 
 
 def _p2p_findings(ctx: _Context) -> list[Finding]:
-    """A pending send nobody expects, from a rank that someone else expects a receive from: a wrong peer."""
+    """A send to the wrong peer closes a loop of waits: A sends to C, which expects nothing from A, while
+    somebody else waits to receive from A. An unmatched send outside a loop is only a rank whose
+    peer has not got there yet (the wait graph follows it)."""
     p2p = ctx.m.p2p
     sends = p2p.filter((pl.col("status") == "unmatched_send") & pl.col("send_pending"))
     recvs = p2p.filter((pl.col("status") == "unmatched_recv") & pl.col("recv_pending"))
     out = []
-    for row in sends.iter_rows(named=True):
-        a, c = row["src"], row["dst"]
-        expecting = recvs.filter((pl.col("src") == a) & (pl.col("recv_rank") != c) & (pl.col("group") == row["group"]))
-        if expecting.height == 0:
-            continue
-        b = int(expecting["recv_rank"][0])
-        g = ctx.groups.get(row["group"])
-        msg = (f"{ctx.rank_label(a)} sends to rank {c}, which posted no matching receive, while rank {b} waits "
-               f"for a receive from rank {a} in {g.label() if g else row['group']}: a send/recv peer mismatch")
-        out.append(Finding(
-            kind="p2p_unmatched", role="root_cause", message=msg, ranks=[a], hosts=ctx.topo.hosts([a]),
-            process_group=g, op="send",
-            evidence={"sent_to": c, "expected_by": b, "shape": str(row["send_sizes"]),
-                      "suspect_link": ctx.topo.hosts([a]) + ctx.topo.hosts([b]),
-                      "waiting_ranks": len(ctx.w.waiters_of([a]))},
-            stacks=ctx.stack_of(a, "send"),
-        ))
+    for cycle, _groups in ctx.w.cycles:
+        in_cycle = sends.filter(pl.col("src").is_in(cycle) & pl.col("dst").is_in(cycle))
+        wrong = []
+        for row in in_cycle.iter_rows(named=True):
+            a, c = row["src"], row["dst"]
+            expecting = recvs.filter((pl.col("src") == a) & (pl.col("recv_rank") != c))
+            if expecting.height:
+                wrong.append((row, int(expecting["recv_rank"][0])))
+        if len(wrong) == 1:
+            out.append(_wrong_peer_finding(ctx, *wrong[0]))
     for row in p2p.filter(pl.col("status") == "size_mismatch").iter_rows(named=True):
         a, b = row["send_rank"], row["recv_rank"]
         g = ctx.groups.get(row["group"])
@@ -135,6 +130,21 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
             evidence={"send_shape": str(row["send_sizes"]), "recv_shape": str(row["recv_sizes"])},
         ))
     return out
+
+
+def _wrong_peer_finding(ctx: _Context, row: dict, b: int) -> Finding:
+    a, c = row["src"], row["dst"]
+    g = ctx.groups.get(row["group"])
+    msg = (f"{ctx.rank_label(a)} sends to rank {c}, which expects nothing from it, while rank {b} "
+           f"waits for a receive from rank {a} in {g.label() if g else row['group']}: a send/recv peer mismatch")
+    return Finding(
+        kind="p2p_unmatched", role="root_cause", message=msg, ranks=[a], hosts=ctx.topo.hosts([a]),
+        process_group=g, op="send",
+        evidence={"sent_to": c, "expected_by": b, "shape": str(row["send_sizes"]),
+                  "hosts_of_the_two_ends": ctx.topo.hosts([a]) + ctx.topo.hosts([b]),
+                  "waiting_ranks": len(ctx.w.waiters_of([a]))},
+        stacks=ctx.stack_of(a, "send"),
+    )
 
 
 def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:

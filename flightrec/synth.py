@@ -348,7 +348,9 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
     coll_seq: dict[str, int] = defaultdict(int)
     p2p_seq: dict[str, int] = defaultdict(int)
     op_ids: dict[str, int] = defaultdict(int)
-    frames = {name: [{"name": n, "filename": f, "line": ln} for n, f, ln in stack] for name, stack in _STACKS.items()}
+    # innermost frame first, as the recorder writes them; one shared list per stack, as the writer shares them
+    frames = {name: [{"name": n, "filename": f, "line": ln} for n, f, ln in reversed(stack)]
+              for name, stack in _STACKS.items()}
     offset = int(job.fault.offset_ms * 1e6) if job.fault.kind == "clock_offset" and job.host_of(rank) in job.fault.hosts else 0
     out: list[dict] = []
     for rec in records:

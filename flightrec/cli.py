@@ -1,0 +1,247 @@
+"""Command line: arguments -> Python API -> render -> exit code. No analysis happens here.
+
+Exit codes: 0 healthy, 1 fault found (or inconclusive: read `verdict`), 2 usage error or unusable input,
+70 internal error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .api import AnalyzeOptions, analyze, run_match
+from .errors import FlightrecError
+from .load import LoadOptions, load
+
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+
+
+# ---------------------------------------------------------------------------------------------- plumbing
+
+
+def _guard(fn):
+    """Library errors become one line on stderr (exit 2); anything else is our bug (exit 70)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        quiet = kwargs.get("quiet", False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = lambda msg, *a, **k: None if quiet else click.echo(f"warning: {msg}", err=True)
+            try:
+                return fn(*args, **kwargs)
+            except FlightrecError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(EXIT_USAGE)
+            except (click.exceptions.Exit, click.ClickException, SystemExit):
+                raise
+            except KeyboardInterrupt:
+                click.echo("interrupted", err=True)
+                sys.exit(130)
+            except Exception as exc:  # noqa: BLE001 - the last line of defence
+                click.echo(f"internal error: {type(exc).__name__}: {exc}\nThis is a flightrec bug: please report it "
+                           "with the command line and, if you can, the dumps.", err=True)
+                sys.exit(EXIT_INTERNAL)
+
+    return wrapper
+
+
+def load_options(fn):
+    """Options shared by every command that reads dumps."""
+    decorators = [
+        click.argument("dump_dir", type=click.Path(path_type=Path)),
+        click.option("--prefix", help="File-name prefix before the rank (default: any name ending in a number)."),
+        click.option("--world-size", type=click.IntRange(min=1),
+                     help="Ranks in the job, when the dumps don't say (Gloo dumps don't)."),
+        click.option("--no-cache", is_flag=True, help="Don't read or write the Parquet cache."),
+        click.option("--workers", type=click.IntRange(min=1), help="Processes for parsing (default: all cores)."),
+        click.option("-q", "--quiet", is_flag=True, help="No progress bar and no warnings on stderr."),
+    ]
+    for d in reversed(decorators):
+        fn = d(fn)
+    return fn
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool):
+    """A progress bar on stderr for file parsing, only on a terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("loading dumps", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
+    return LoadOptions(prefix=prefix, world_size=world_size, use_cache=not no_cache, workers=workers,
+                       progress=progress)
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=not text.endswith("\n"))
+    else:
+        output.write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="flightrec")
+def main():
+    """Find the rank, host or link that broke a distributed PyTorch job, from its flight-recorder dumps.
+
+    \b
+    Start here:  flightrec analyze /path/to/dumps
+    Exit codes:  0 healthy, 1 fault found (or inconclusive), 2 bad input or usage, 70 internal error.
+    """
+
+
+@main.command("analyze")
+@load_options
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+              show_default=True, help="text for people, json for automation, markdown for a ticket.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report here.")
+@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="rank -> host map: CSV 'rank,host' with a header, or JSON {\"rank\": \"host\"}.")
+@click.option("--topology", "topology_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="host -> switch map: CSV 'host,switch'.")
+@click.option("--ranks-per-host", type=click.IntRange(min=1), help="Hosts hold N consecutive ranks each.")
+@click.option("--pg", help="Only analyse the process group with this name or desc.")
+@_guard
+def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
+                ranks_per_host, pg):
+    """Name the root cause of a hang or crash: rank(s), host(s) or link.
+
+    \b
+    Example:
+      flightrec analyze /shared/fr_dumps/job1234 --ranks-per-host 8
+      flightrec analyze dumps/ --format json | jq -r '.culprits.hosts[]'
+    """
+    with _progress(quiet) as progress:
+        report = analyze(dump_dir, AnalyzeOptions(
+            load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
+            topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg))
+    if fmt == "json":
+        text = json.dumps(report.to_dict(), indent=2) + "\n"
+    elif fmt == "markdown":
+        text = report.to_markdown()
+    else:
+        text = report.to_text()
+        if output is None and sys.stdout.isatty():
+            colour = {"healthy": "green", "fault": "red", "inconclusive": "yellow"}[report.verdict]
+            first, _, rest = text.partition("\n")
+            text = click.style(first, fg=colour, bold=True) + "\n" + rest
+    _emit(text, output)
+    sys.exit(report.exit_code)
+
+
+@main.command("load")
+@load_options
+@_guard
+def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet):
+    """Load the dumps and print what was found: ranks, entries, groups, versions, refused files.
+
+    \b
+    Example:
+      flightrec load dumps/
+    """
+    with _progress(quiet) as progress:
+        trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, progress))
+    click.echo(trace.summary())
+
+
+@main.command()
+@load_options
+@click.option("-r", "--rank", "ranks", type=int, multiple=True, help="Only these ranks (repeat the option).")
+@click.option("--pg", help="Only the process group with this name or desc.")
+@click.option("--last", type=click.IntRange(min=1), default=20, show_default=True, help="Last N entries per rank.")
+@click.option("--around", type=int, help="Side by side across ranks: collectives seq-5..seq+5 in --pg.")
+@_guard
+def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, last, around):
+    """Print recorded entries, or compare ranks side by side around a sequence id.
+
+    \b
+    Examples:
+      flightrec entries dumps/ --rank 5 --last 10
+      flightrec entries dumps/ --pg tp --rank 4 --rank 5 --around 17
+    """
+    from . import views
+
+    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    if around is not None:
+        click.echo(views.side_by_side(trace, ranks=list(ranks), pg=pg, seq=around))
+    else:
+        click.echo(views.entries_table(trace, ranks=list(ranks), pg=pg, last=last))
+
+
+@main.command()
+@load_options
+@_guard
+def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet):
+    """Group ranks by the stack of their last unfinished entry.
+
+    \b
+    Example:
+      flightrec stacks dumps/
+    """
+    from . import views
+
+    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    click.echo(views.stack_groups(trace))
+
+
+@main.command()
+@load_options
+@_guard
+def groups(dump_dir, prefix, world_size, no_cache, workers, quiet):
+    """List process groups: size, desc, members and how far they got.
+
+    \b
+    Example:
+      flightrec groups dumps/
+    """
+    from . import views
+
+    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    click.echo(views.groups_table(trace, run_match(trace)))
+
+
+@main.command()
+@load_options
+@click.argument("out", type=click.Path(path_type=Path, file_okay=False))
+@_guard
+def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out):
+    """Export every frame (entries, groups, matching...) as Parquet files into OUT.
+
+    \b
+    Example:
+      flightrec convert dumps/ dumps_parquet/
+    """
+    from . import views
+
+    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    written = views.export_parquet(trace, run_match(trace), out)
+    click.echo(f"wrote {len(written)} Parquet files to {out}: {', '.join(p.name for p in written)}")
+
+
+if __name__ == "__main__":
+    main()

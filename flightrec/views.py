@@ -1,0 +1,142 @@
+"""Tables for people reading one job: entries, side-by-side ranks, stacks, groups; and Parquet export.
+
+Each function returns text (or files) built from the frames; the CLI only prints it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from .load import Trace, format_ranks
+from .match import Matching
+
+
+def text_table(df: pl.DataFrame, max_width: int = 48) -> str:
+    """Plain aligned columns: pipes well, no box drawing."""
+    if df.height == 0:
+        return "(no rows)"
+    cells = [[str(c) for c in df.columns]]
+    for row in df.iter_rows():
+        cells.append(["" if v is None else str(v)[:max_width] for v in row])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(df.columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def _select_groups(trace: Trace, pg: str | None) -> pl.DataFrame:
+    groups = trace.groups
+    if pg is None:
+        return groups
+    from .errors import FlightrecError
+
+    keep = groups.filter((pl.col("pg_name") == pg) | (pl.col("pg_desc") == pg) | (pl.col("group") == pg))
+    if keep.height == 0:
+        raise FlightrecError(f"no process group is named or described {pg!r}; see `flightrec groups`")
+    return keep
+
+
+def entries_frame(trace: Trace, ranks: list[int] | None = None, pg: str | None = None, last: int = 20) -> pl.DataFrame:
+    e = trace.entries
+    if ranks:
+        e = e.filter(pl.col("rank").is_in(ranks))
+    if pg is not None:
+        e = e.join(_select_groups(trace, pg).select("group"), on="group", how="semi")
+    e = e.sort("rank", "record_id").group_by("rank", maintain_order=True).tail(last)
+    return e.select(
+        "rank", "record_id", "group", "pg_desc", "collective_seq_id", "p2p_seq_id", "op", "profiling_name",
+        "state", "input_sizes", "input_dtypes", "time_created_ns",
+    )
+
+
+def entries_table(trace: Trace, ranks: list[int] | None = None, pg: str | None = None, last: int = 20) -> str:
+    return text_table(entries_frame(trace, ranks, pg, last))
+
+
+def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width: int = 5) -> str:
+    """One row per collective seq id, one column per rank: what each rank recorded there."""
+    if pg is None:
+        from .errors import FlightrecError
+
+        raise FlightrecError("--around needs --pg: sequence ids are per process group")
+    groups = _select_groups(trace, pg)
+    e = trace.entries.join(groups.select("group"), on="group", how="semi").filter(
+        ~pl.col("is_p2p") & pl.col("collective_seq_id").is_between(seq - width, seq + width))
+    if ranks:
+        e = e.filter(pl.col("rank").is_in(ranks))
+    cell = pl.format("{} {}", pl.col("op"), pl.col("state")).alias("cell")
+    wide = (e.with_columns(cell).group_by("group", "collective_seq_id", "rank")
+            .agg(pl.col("cell").str.join("+"))
+            .sort("rank")
+            .pivot(on="rank", index=["group", "collective_seq_id"], values="cell")
+            .sort("group", "collective_seq_id"))
+    wide = wide.rename({c: f"rank {c}" for c in wide.columns if c not in ("group", "collective_seq_id")})
+    return text_table(wide.fill_null("-"))
+
+
+def stack_groups_frame(trace: Trace) -> pl.DataFrame:
+    """Ranks grouped by the stack of their last unfinished entry (their last entry when nothing reports
+    completion, as with Gloo)."""
+    e = trace.entries.sort("rank", "record_id").with_columns(
+        pl.col("state").is_in(["started", "completed"]).any().over("rank").alias("_tracks"))
+    # batch send/recv members stay 'scheduled' forever: their closing entry carries the batch's state
+    unfinished = (e.filter(pl.col("_tracks") & (pl.col("state") != "completed") & ~pl.col("is_p2p"))
+                  .group_by("rank").agg(pl.all().first()))
+    last = e.group_by("rank").agg(pl.all().last())
+    pick = last.join(unfinished.select("rank", pl.col("record_id").alias("_rid")), on="rank", how="left")
+    pick = e.join(pick.select("rank", pl.coalesce("_rid", "record_id").alias("record_id")), on=["rank", "record_id"])
+    frames = trace.stacks.with_columns(
+        pl.col("frames").list.eval(pl.element().struct.field("name")).list.reverse().list.join(" -> ").alias("stack"))
+    out = (pick.join(frames.select("stack_id", "stack"), on="stack_id", how="left")
+           .with_columns(pl.coalesce(pl.col("stack"), pl.lit("(no stack)")).alias("stack"))
+           .group_by("stack", "op", "state").agg(pl.col("rank").sort().alias("ranks"))
+           .with_columns(pl.col("ranks").list.len().alias("n")).sort("n", "stack", descending=[True, False]))
+    missing = trace.missing_ranks
+    if missing:
+        out = pl.concat([out, pl.DataFrame({"stack": ["(no dump)"], "op": [None], "state": [None],
+                                            "ranks": [missing], "n": [len(missing)]}, schema=out.schema)])
+    return out
+
+
+def stack_groups(trace: Trace) -> str:
+    lines = []
+    for stack, op, state, ranks, n in stack_groups_frame(trace).iter_rows():
+        what = f"{op} ({state})" if op else "no entry"
+        lines.append(f"{n:,} rank{'s' if n != 1 else ''}: {stack} -> {what}\n    ranks {format_ranks(ranks)}")
+    return "\n".join(lines)
+
+
+def groups_frame(trace: Trace, m: Matching) -> pl.DataFrame:
+    prog = m.progress.group_by("group").agg(
+        pl.col("frontier").first(),
+        pl.col("last_enqueued").min().alias("slowest"),
+        (pl.col("behind") > 0).sum().alias("n_behind"),
+        (~pl.col("has_dump")).sum().alias("n_missing"),
+    )
+    status = m.collectives.sort("collective_seq_id").group_by("group").agg(pl.col("status").last().alias("last_status"))
+    return (trace.groups.join(prog, on="group", how="left").join(status, on="group", how="left")
+            .with_columns(pl.col("ranks").map_batches(
+                lambda s: pl.Series([format_ranks(r, limit=3) for r in s.to_list()]), return_dtype=pl.String))
+            .select("group", "pg_desc", "size", "ranks", "frontier", "slowest", "n_behind", "n_missing",
+                    "last_status", "source")
+            .sort(pl.col("group").str.len_chars(), "group"))
+
+
+def groups_table(trace: Trace, m: Matching) -> str:
+    return text_table(groups_frame(trace, m), max_width=40)
+
+
+def export_parquet(trace: Trace, m: Matching, out: str | Path) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    frames = {
+        "dumps": trace.dumps, "entries": trace.entries, "stacks": trace.stacks, "groups": trace.groups,
+        "members": trace.members, "pg_status": trace.pg_status, "collectives": m.collectives,
+        "progress": m.progress, "divergences": m.divergences, "p2p_pairs": m.p2p,
+    }
+    written = []
+    for name, df in frames.items():
+        path = out / f"{name}.parquet"
+        df.write_parquet(path)
+        written.append(path)
+    return written

@@ -1,0 +1,151 @@
+"""Synthetic NCCL jobs with one injected fault each: the culprits are exactly the injected ones."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from flightrec import analyze, synth
+
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
+
+
+def run(make_job, job, hosts_csv=False, **gen):
+    out, truth = make_job(job, **gen)
+    kwargs = {}
+    if hosts_csv:
+        path = out.parent / f"{out.name}_hosts.csv"
+        path.write_text("rank,host\n" + "".join(f"{r},{job.host_of(r)}\n" for r in range(job.world_size)))
+        kwargs["hosts_file"] = path
+    report = analyze(out, **kwargs)
+    jsonschema.validate(report.to_dict(), SCHEMA)
+    return report, truth
+
+
+def culprits(report):
+    c = report.culprits
+    return c["ranks"], c["hosts"], [list(x) for x in c["links"]]
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_healthy_3d_job(make_job, timing):
+    report, _ = run(make_job, synth.Job(tp=4, pp=2, dp=2, timing=timing))
+    assert report.verdict == "healthy"
+    assert report.exit_code == 0
+    assert culprits(report) == ([], [], [])
+    assert [f for f in report.findings if f.role != "warning"] == []
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_not_joined_in_tp_cascades_through_pp_and_dp(make_job, timing):
+    job = synth.Job(tp=4, pp=4, dp=2, ranks_per_host=4, timing=timing,
+                    fault=synth.Fault(kind="not_joined", rank=13, phase="tp"))
+    report, truth = run(make_job, job, per_host_folders=True)
+    assert report.verdict == "fault"
+    assert culprits(report) == ([13], ["node00003"], [])
+    root = report.root_causes[0]
+    assert root.kind == "not_joined"
+    assert (root.op, root.collective_seq_id, root.process_group.desc) == ("all_gather", truth["collective_seq_id"], "tp")
+    assert report.summary.startswith("FAULT: rank 13 (host node00003) never joined all_gather")
+    waiting = sum(len(f.ranks) for f in report.findings if f.kind == "waiting")
+    assert waiting == root.evidence["waiting_ranks"] > 20
+
+
+def test_missing_culprit_dump(make_job):
+    job = synth.Job(tp=4, pp=2, dp=2, fault=synth.Fault(kind="missing_dump", rank=6))
+    report, _ = run(make_job, job)
+    assert culprits(report) == ([6], [], [])  # one flat folder: nothing says where rank 6 ran
+    assert report.root_causes[0].kind == "missing_dump"
+    assert report.to_dict()["dumps"]["missing_ranks"] == [6]
+
+
+def test_missing_dump_host_from_its_neighbours_folder(make_job):
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="missing_dump", rank=6))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert culprits(report) == ([6], ["node00001"], [])
+
+
+def test_whole_host_down(make_job):
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="host_down", rank=9))
+    report, _ = run(make_job, job, hosts_csv=True)
+    assert culprits(report) == ([8, 9, 10, 11], ["node00002"], [])
+    assert "host node00002 is down" in report.summary
+
+
+def test_whole_host_down_named_from_per_host_folders(make_job):
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="host_down", rank=9))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert culprits(report) == ([8, 9, 10, 11], ["node00002"], [])
+
+
+@pytest.mark.parametrize("kind", ["size_mismatch", "type_mismatch", "dtype_mismatch"])
+def test_mismatch_minority(make_job, kind):
+    job = synth.Job(tp=4, pp=2, dp=2, fault=synth.Fault(kind=kind, rank=5))
+    report, truth = run(make_job, job)
+    assert culprits(report)[0] == [5]
+    root = report.root_causes[0]
+    assert root.kind == "mismatch" and root.collective_seq_id == truth["collective_seq_id"]
+    assert root.evidence["ambiguous"] is False
+
+
+def test_two_member_mismatch_is_ambiguous_not_guessed(make_job):
+    job = synth.Job(tp=2, pp=1, dp=2, fault=synth.Fault(kind="dtype_mismatch", rank=1))
+    report, _ = run(make_job, job)
+    root = report.root_causes[0]
+    assert root.evidence["ambiguous"] is True
+    assert root.ranks == [0, 1]
+    assert "can't be said which side" in root.message
+
+
+def test_deadlock_across_two_groups(make_job):
+    job = synth.Job(tp=2, pp=1, dp=4, fault=synth.Fault(kind="deadlock", rank=2))
+    report, _ = run(make_job, job)
+    root = report.root_causes[0]
+    assert root.kind == "deadlock"
+    assert root.ranks == [0, 2, 4, 6]  # rank 2 and its data-parallel peers
+    assert {"dp", "default_pg"} <= {report.trace.groups.filter(
+        report.trace.groups["group"] == g)["pg_desc"][0] for g in root.evidence["groups"]}
+
+
+def test_dead_link_between_two_hosts(make_job):
+    """Pipeline stages on different hosts: the stuck transfers name both ends of the link."""
+    job = synth.Job(tp=2, pp=4, dp=2, ranks_per_host=2,
+                    fault=synth.Fault(kind="dead_link", rank=2, hosts=("node00001", "node00002")))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert culprits(report) == ([], [], [["node00001", "node00002"]])
+    assert report.root_causes[0].kind == "stuck_in_flight"
+    assert report.summary.startswith("FAULT: link node00001 <-> node00002")
+
+
+def test_dead_link_inside_groups_that_span_every_host_is_inconclusive(make_job):
+    """Every stuck group spans the same four hosts: no test separates them, so no host is guessed."""
+    job = synth.Job(tp=2, pp=1, dp=4, ranks_per_host=2,
+                    fault=synth.Fault(kind="dead_link", rank=0, hosts=("node00000", "node00001")))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert report.verdict == "inconclusive"
+    assert culprits(report) == ([], [], [])
+    stuck = next(f for f in report.findings if f.kind == "stuck_in_flight")
+    assert stuck.evidence["hosts_in_every_stuck_group"] == [f"node0000{i}" for i in range(4)]
+
+
+@pytest.mark.parametrize("pp, rank", [(4, 2), (3, 4), (4, 7)])
+def test_wrong_p2p_peer(make_job, pp, rank):
+    job = synth.Job(tp=2, pp=pp, dp=2, fault=synth.Fault(kind="wrong_peer", rank=rank, phase="p2p"))
+    report, _ = run(make_job, job)
+    assert culprits(report)[0] == [rank]
+    assert report.root_causes[0].kind == "p2p_unmatched"
+    assert not any(f.kind == "deadlock" for f in report.findings)
+
+
+def test_ring_buffer_wrap_still_finds_culprit(make_job):
+    job = synth.Job(tp=4, pp=2, dp=2, steps=6, buffer_size=40, fault=synth.Fault(kind="not_joined", rank=3))
+    report, _ = run(make_job, job)
+    assert report.trace.dumps["wrapped"].all()
+    assert culprits(report)[0] == [3]
+
+
+def test_json_dumps_give_the_same_answer(make_job):
+    job = synth.Job(tp=4, pp=2, dp=2, fault=synth.Fault(kind="not_joined", rank=6))
+    report, _ = run(make_job, job, fmt="json")
+    assert culprits(report)[0] == [6]
