@@ -91,7 +91,8 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
         loaded=loaded.height,
         missing_ranks=trace.missing_ranks,
         versions=sorted(v for v in loaded["version"].drop_nulls().unique().to_list()),
-        refused=[{"path": p, "reason": "; ".join(r)} for p, r in refused.select("path", "problems").iter_rows()],
+        refused=[{"path": trace.relative(p), "reason": "; ".join(r).replace(str(trace.root).rstrip("/") + "/", "")}
+                 for p, r in refused.select("path", "problems").iter_rows()],
         host_source=topo.source,
     )
     if refused.height:

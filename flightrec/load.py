@@ -72,6 +72,13 @@ class Trace:
     pg_status: pl.DataFrame
     world_size: int
 
+    def relative(self, path: str) -> str:
+        """A dump's path as the user knows it: relative to the directory they passed."""
+        try:
+            return os.path.relpath(path, self.root) if os.path.isdir(self.root) else os.path.basename(path)
+        except ValueError:
+            return path
+
     @property
     def missing_ranks(self) -> list[int]:
         have = set(self.dumps.filter(pl.col("loaded"))["rank"].to_list())

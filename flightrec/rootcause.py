@@ -91,12 +91,14 @@ def _mismatch_findings(ctx: _Context) -> list[Finding]:
             others = len(present) - len(ranks)
             msg = (f"{ctx.ranks_label(ranks)} {word} {row['minority']} in {op} #{seq} of {g.label()}, where the "
                    f"other {others:,} member{'s' if others != 1 else ''} {word} {row['majority']}")
+        members = present["rank"].to_list()
+        waiting = (set(members) | set(ctx.w.waiters_of(members))) - set(ranks)
         out.append(Finding(
             kind="mismatch", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
             evidence={"mismatch": status, "majority": row["majority"], "minority": row["minority"],
                       "ambiguous": row["ambiguous"], "later_mismatches_in_group": row["later_mismatches"],
-                      "waiting_ranks": len(ctx.w.waiters_of(ranks))},
+                      "waiting_ranks": len(waiting)},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, f"{op} #{seq}")],
         ))
     return out
@@ -169,7 +171,9 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
     """Roots of the wait graph: ranks that others wait for and that wait for nobody."""
     roots = [r for r in ctx.w.roots if r not in explained and r not in stuck]
     edges = ctx.w.edges.filter(pl.col("dst").is_in([f"r:{r}" for r in roots]))
-    missing = [r for r in roots if r not in ctx.has_dump]
+    # A missing dump whose waiters are all stuck in a mismatched collective is explained by the mismatch.
+    missing = [r for r in roots if r not in ctx.has_dump and not set(ctx.w.waiters_of([r])) <= explained]
+    roots = [r for r in roots if r in ctx.has_dump or r in missing]
     out = _missing_findings(ctx, missing, edges)
 
     # A root is often waited on in several groups; name the op it should have run first: the one its peers
@@ -202,12 +206,19 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
         out.append(Finding(
             kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
-            evidence={"last_entry": doing, "waiting_ranks": len(waiting),
-                      "note": "its last recorded op finished: it is stuck outside any collective"
-                      if "completed" in doing else "its last recorded op did not finish"},
+            evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing)},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, "last entry")],
         ))
     return out
+
+
+def _stopped_note(ctx: _Context, rank: int, doing: str) -> str:
+    tracks = ctx.m.progress.filter(pl.col("rank") == rank)["tracks_completion"].any()
+    if not tracks:
+        return "its recorder does not report completion (Gloo): the last entry is where it stopped"
+    if doing.endswith("completed"):
+        return "its last recorded op finished: it is stuck outside any collective (host code, data loader, GPU)"
+    return "its last recorded op did not finish"
 
 
 def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) -> list[Finding]:
@@ -305,6 +316,8 @@ def _warning_findings(ctx: _Context, reported_missing: set[int]) -> list[Finding
                            message=f"dumps come from different recorder versions ({', '.join(versions)}): a partial "
                                    "PyTorch rollout? Analysed together.", evidence={"versions": versions}))
     for path, problems in ctx.trace.dumps.filter(pl.col("problems").list.len() > 0).select("path", "problems").iter_rows():
+        path = ctx.trace.relative(path)
+        problems = [p.replace(ctx.trace.root.rstrip("/") + "/", "") for p in problems]
         out.append(Finding(kind="dump_problem", role="warning", message=f"{path}: {'; '.join(problems)}",
                            evidence={"path": path, "problems": problems}))
     later = ctx.m.divergences.filter(pl.col("later_mismatches") > 0)
