@@ -118,7 +118,8 @@ class _Op:
 _H = 1024
 
 
-def _schedule(job: Job, rank: int, by_rank: dict[int, dict[str, _Group]]) -> list[_Op]:
+def _schedule(job: Job, rank: int, by_rank: dict[int, dict[str, _Group]], steps: range | None = None) -> list[_Op]:
+    """The ops one rank runs in `steps` (default: every step). Instance keys count from the first step given."""
     dp_i, pp_i, tp_i = job.coords(rank)
     g = by_rank[rank]
     tp, pp = g["tp"], g["pp"]
@@ -145,7 +146,7 @@ def _schedule(job: Job, rank: int, by_rank: dict[int, dict[str, _Group]]) -> lis
         part = _Op(step, pp, f"{kind} {arrow}", [key], [[4, _H]], [[4, _H]], "BFloat16", stack, is_p2p=True)
         ops.append(_Op(step, pp, "coalesced", [key], [], [], "BFloat16", stack, is_p2p=True, parts=[part]))
 
-    for step in range(job.steps):
+    for step in steps if steps is not None else range(job.steps):
         for m in range(job.microbatches):
             if pp_i > 0:
                 p2p(step, "recv", pp_i - 1, "recv_forward")
@@ -200,13 +201,23 @@ class _Sim:
     def __init__(self, job: Job):
         self.job = job
         self.groups, self.by_rank = _groups(job)
-        self.ops = {r: _schedule(job, r, self.by_rank) for r in range(job.world_size)}
+        # Steps before the fault are all alike and complete everywhere: at scale they are replicated from a
+        # one-step template (see _entries) and only the fault step onward is simulated event by event.
+        fault_step = job.fault.step if job.fault.step >= 0 else job.steps - 1
+        small = job.world_size * job.steps <= _SIMULATE_ALL_BELOW
+        self.sim_from = 0 if small or job.fault.kind in _TIMING_FAULTS else fault_step
+        self.templates = {r: _schedule(job, r, self.by_rank, range(1)) for r in range(job.world_size)}
+        self.ops = {r: _schedule(job, r, self.by_rank, range(self.sim_from, job.steps)) for r in range(job.world_size)}
         self.rng = random.Random(job.seed)
         self.stop_at: dict[int, int] = {}          # rank -> index it never reaches
         self.never_complete: set[tuple] = set()     # instance keys that hang with everyone in
         self.missing: set[int] = set()
         self.truth: dict = {"kind": job.fault.kind, "ranks": [], "hosts": [], "links": []}
         self._inject()
+
+    def template_of(self, rank: int) -> list[_Op]:
+        """One healthy step of `rank`'s schedule."""
+        return self.templates[rank]
 
     def _host_ranks(self, host: str) -> list[int]:
         return [r for r in range(self.job.world_size) if self.job.host_of(r) == host]
@@ -227,7 +238,8 @@ class _Sim:
         self.truth.update(ranks=[f.rank], op=op.name.split(" ")[0], pg_desc=op.group.desc, pg_name=op.group.name,
                           step=op.step)
         if op.keys[0][0] == "c":
-            self.truth["collective_seq_id"] = op.keys[0][2]
+            per_step = sum(1 for o in self.template_of(f.rank) if o.group.desc == op.group.desc and not o.is_p2p)
+            self.truth["collective_seq_id"] = op.keys[0][2] + per_step * self.sim_from
         if f.kind in ("not_joined", "missing_dump"):
             self.stop_at[f.rank] = i
             if f.kind == "missing_dump":
@@ -289,9 +301,11 @@ class _Sim:
             for op in ops[: self.stop_at.get(r, len(ops))]:
                 for k in op.keys:
                     expected[k] = len(op.group.ranks) if k[0] == "c" else 2
-        arrived: dict[tuple, list] = defaultdict(list)          # key -> [(rank, time)]
+        arrived: dict[tuple, int] = defaultdict(int)            # key -> how many participants are in
+        latest: dict[tuple, int] = defaultdict(int)             # key -> when the last one arrived
         pos = {r: 0 for r in self.ops}
-        clock = {r: 1_700_000_000_000_000_000 + self.rng.randrange(10**6) for r in self.ops}
+        start = _T0 + self.sim_from * _step_ns(job)
+        clock = {r: start + self.rng.randrange(10**6) for r in self.ops}
         records: dict[int, list] = {r: [] for r in self.ops}
         waiting: dict[tuple, list[int]] = defaultdict(list)
         ready = deque(sorted(self.ops))
@@ -314,12 +328,13 @@ class _Sim:
                 clock[r] += gap_ns + late(r) + self.rng.randrange(200_000)
                 records[r].append({"op": op, "created": clock[r], "done": None})
                 for k in op.keys:
-                    arrived[k].append((r, clock[r]))
+                    arrived[k] += 1
+                    latest[k] = max(latest[k], clock[r])
                     waiting[k].append(r)
-                    if len(arrived[k]) == expected.get(k, -1):
+                    if arrived[k] == expected.get(k, -1):
                         ready.extend(w for w in waiting[k] if w != r)
-            if all(len(arrived[k]) == expected.get(k, -1) and k not in self.never_complete for k in op.keys):
-                start = max(t for k in op.keys for _, t in arrived[k])
+            if all(arrived[k] == expected.get(k, -1) and k not in self.never_complete for k in op.keys):
+                start = max(latest[k] for k in op.keys)
                 dur = 1_000_000 * (2 + len(op.group.ranks).bit_length())
                 f = job.fault
                 if f.kind == "slow_link" and self._spans(op, f.hosts):
@@ -342,16 +357,79 @@ class _Sim:
         return all(h in on for h in hosts)
 
 
-def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[str, _Group]]) -> list[dict]:
-    """The recorder's entries for one rank, oldest first, before the ring buffer cut."""
+_T0 = 1_700_000_000_000_000_000
+_OP_NS = 3_000_000
+_SIMULATE_ALL_BELOW = 2_000             # world_size x steps: small jobs are simulated whole
+_TIMING_FAULTS = ("straggler", "straggler_host", "slow_link", "clock_offset")
+
+
+def _step_ns(job: Job) -> int:
+    return 2 * job.microbatches * (2 * job.layers + 2) * _OP_NS + 4 * _OP_NS
+
+
+def _pieces_per_step(template: list[_Op]) -> int:
+    return sum(len(op.parts) + 1 if op.is_p2p else 1 for op in template)
+
+
+def _prefix_records(job: Job, template: list[_Op], first: int, stop: int) -> list[dict]:
+    """Healthy steps [first, stop) replicated from the template: everything completes, on a regular clock."""
+    step_ns = _step_ns(job)
+    out = []
+    for step in range(first, stop):
+        t = _T0 + step * step_ns
+        for i, op in enumerate(template):
+            created = t + i * _OP_NS
+            out.append({"op": op, "created": created, "started": created + 100_000,
+                        "done": created + 100_000 + 1_000_000 * (2 + len(op.group.ranks).bit_length())})
+    return out
+
+
+def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[str, _Group]],
+             template: list[_Op] | None = None, sim_from: int = 0) -> list[dict]:
+    """The recorder's entries for one rank, oldest first, as far back as the ring buffer keeps them.
+
+    `records` are the simulated ops from step `sim_from` on; earlier steps come from `template`, and only as
+    many of them as the buffer can still hold, with every counter advanced past the steps left out.
+    """
     pg_ids = {g.name: i for i, g in enumerate(by_rank[rank].values())}
     coll_seq: dict[str, int] = defaultdict(int)
     p2p_seq: dict[str, int] = defaultdict(int)
     op_ids: dict[str, int] = defaultdict(int)
+    record_id = 0
+    if template is not None and sim_from > 0:
+        per_step = _pieces_per_step(template)
+        keep_from = max(0, sim_from - (job.buffer_size // max(per_step, 1)) - 1)
+        for op in template:
+            counter = p2p_seq if op.is_p2p else coll_seq
+            counter[op.group.name] += keep_from
+            op_ids[op.group.name] += keep_from * (len(op.parts) + 1 if op.is_p2p else 1)
+        record_id = per_step * keep_from
+        records = _prefix_records(job, template, keep_from, sim_from) + records
     # innermost frame first, as the recorder writes them; one shared list per stack, as the writer shares them
     frames = {name: [{"name": n, "filename": f, "line": ln} for n, f, ln in reversed(stack)]
               for name, stack in _STACKS.items()}
     offset = int(job.fault.offset_ms * 1e6) if job.fault.kind == "clock_offset" and job.host_of(rank) in job.fault.hosts else 0
+    threads = _version_minor(job.version) >= 9
+    static: dict[int, dict] = {}
+
+    def fixed(piece: _Op, g: _Group, is_p2p: bool) -> dict:
+        key = id(piece)
+        if key not in static:
+            e = {
+                "pg_id": pg_ids[g.name], "process_group": (g.name, g.desc),
+                "profiling_name": f"nccl:{piece.name}",
+                "input_sizes": piece.in_sizes, "input_dtypes": [piece.dtype] * len(piece.in_sizes),
+                "output_sizes": piece.out_sizes, "output_dtypes": [piece.dtype] * len(piece.out_sizes),
+                "timeout_ms": 600_000, "is_p2p": is_p2p,
+            }
+            if job.with_stacks:
+                e["frames"] = frames[piece.stack]
+            if threads:
+                e["thread_id"] = str(140000000000000 + rank)
+                e["thread_name"] = "pt_main_thread"
+            static[key] = e
+        return static[key]
+
     out: list[dict] = []
     for rec in records:
         op: _Op = rec["op"]
@@ -371,37 +449,23 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
                 state = "started" if job.timing else "scheduled"
             else:
                 state = "scheduled"  # batch members stay 'scheduled' forever; the closer carries the state
-            e = {
-                "record_id": 0,
-                "pg_id": pg_ids[g.name],
-                "process_group": (g.name, g.desc),
+            e = dict(fixed(piece, g, op.is_p2p and not closer_or_coll))
+            e.update({
+                "record_id": record_id,
                 "collective_seq_id": coll_seq[g.name],
                 "p2p_seq_id": p2p_seq[g.name] if op.is_p2p else 0,
                 "op_id": op_ids[g.name],
-                "profiling_name": f"nccl:{piece.name}",
                 "time_created_ns": rec["created"] + offset,
-                "input_sizes": piece.in_sizes,
-                "input_dtypes": [piece.dtype] * len(piece.in_sizes),
-                "output_sizes": piece.out_sizes,
-                "output_dtypes": [piece.dtype] * len(piece.out_sizes),
                 "state": state,
                 "time_discovered_started_ns": (rec.get("started", rec["created"]) + offset)
                 if job.timing and closer_or_coll else None,
                 "time_discovered_completed_ns": rec["done"] + offset if done and closer_or_coll else None,
                 "retired": done and closer_or_coll,
-                "timeout_ms": 600_000,
-                "is_p2p": op.is_p2p and not closer_or_coll,
-            }
+            })
             if job.timing and closer_or_coll and done:
                 e["duration_ms"] = (rec["done"] - rec["started"]) / 1e6
-            if job.with_stacks:
-                e["frames"] = frames[piece.stack]
-            if _version_minor(job.version) >= 9:
-                e["thread_id"] = str(140000000000000 + rank)
-                e["thread_name"] = "pt_main_thread"
+            record_id += 1
             out.append(e)
-    for i, e in enumerate(out):
-        e["record_id"] = i
     return out
 
 
@@ -468,7 +532,7 @@ def generate(job: Job, out_dir: str | Path, *, fmt: str = "pickle", per_host_fol
     for rank in range(job.world_size):
         if rank in sim.missing:
             continue
-        entries = _entries(job, rank, records[rank], sim.by_rank)
+        entries = _entries(job, rank, records[rank], sim.by_rank, sim.template_of(rank), sim.sim_from)
         dump = build_dump(job, rank, entries, sim.by_rank)
         folder = out / job.host_of(rank) if per_host_folders else out
         folder.mkdir(parents=True, exist_ok=True)
