@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from operator import itemgetter
 from typing import Any, Callable
 
+import polars as pl
 import pyarrow as pa
 
-from .schema import KNOWN_DUMP_VERSIONS
+from .schema import ENTRIES, KNOWN_DUMP_VERSIONS, STATES, conform
 
 # Raw op names the writers emit (NCCL, Gloo, and older spellings) -> our vocabulary (schema.OPS).
 _OP_ALIASES = {
@@ -117,6 +119,22 @@ def _column(name: str, values: list, typ: pa.DataType, coerce: Callable[[Any], A
             return pa.array([f if f is None or abs(f) < 2**63 else None for f in fixed], type=typ)
 
 
+def _as_str_list(v: Any) -> list[str] | None:
+    if isinstance(v, (list, tuple)):
+        return [x if isinstance(x, str) else str(x) for x in v]
+    return None
+
+
+def _as_sizes(v: Any) -> list[list[int]] | None:
+    if not isinstance(v, (list, tuple)):
+        return None
+    try:
+        out = [[int(d) for d in shape] for shape in v]
+    except (TypeError, ValueError):
+        return None
+    return out if all(abs(d) < 2**63 for shape in out for d in shape) else None
+
+
 def _shape_text(sizes: Any) -> str | None:
     if sizes is None:
         return None
@@ -132,26 +150,52 @@ def _numel(sizes: Any) -> int | None:
         return None
 
 
-def _dtypes_text(dtypes: Any) -> str | None:
-    if isinstance(dtypes, list):
-        return ",".join(str(d) for d in dtypes)
-    return None
-
-
 def _stack_hash(frames: list) -> int:
     text = repr([(f.get("name"), f.get("filename"), f.get("line")) if isinstance(f, dict) else f for f in frames])
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+_OPTIONAL_KEYS = frozenset({"duration_ms", "frames"})  # absent from an entry when unknown / not captured
+
+
+def _transpose(entries: list[dict]) -> dict[str, list]:
+    """Entries (dicts) -> columns: one C-level itemgetter call an entry for the keys every entry has; keys
+    only some entries carry (duration_ms, frames, or anything unusual) go key by key."""
+    if not entries:
+        return {}
+    first, last = entries[0], entries[-1]
+    keys = sorted((first.keys() & last.keys()) - _OPTIONAL_KEYS)
+    rare = (first.keys() | last.keys() | _OPTIONAL_KEYS) - set(keys)
+    columns: dict[str, list] = {}
+    try:
+        if len(keys) > 1:
+            columns.update(zip(keys, map(list, zip(*map(itemgetter(*keys), entries)))))
+        elif keys:
+            columns[keys[0]] = [e[keys[0]] for e in entries]
+    except KeyError:  # some entry lacks a key the first and last have: take every key the slow way
+        rare |= set(keys)
+        columns.clear()
+    for key in rare:
+        values = [e.get(key) for e in entries]
+        if any(v is not None for v in values):
+            columns[key] = values
+    return columns
 
 
 def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int, list]]:
     """Stack id per entry, and the distinct stacks. The writer shares frame objects between entries, so
     object identity finds repeats cheaply; the content hash makes ids agree across files."""
     by_identity: dict[tuple, int] = {}
+    by_list: dict[int, int] = {}  # the writer often shares the whole list too (all ids stay alive meanwhile)
     stacks: dict[int, list] = {}
     ids: list[int | None] = []
     for frames in frames_per_entry:
         if not frames or not isinstance(frames, list):
             ids.append(None)
+            continue
+        sid = by_list.get(id(frames))
+        if sid is not None:
+            ids.append(sid)
             continue
         key = tuple(map(id, frames))
         sid = by_identity.get(key)
@@ -163,20 +207,9 @@ def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int
                     {"name": _as_str(f.get("name")), "filename": _as_str(f.get("filename")), "line": _as_int(f.get("line"))}
                     for f in frames if isinstance(f, dict)
                 ]
+        by_list[id(frames)] = sid
         ids.append(sid)
     return ids, stacks
-
-
-def _created_ns(entries: list[dict]) -> list:
-    """torch 2.2 wrote microseconds under `time_created_us`."""
-    out = []
-    for e in entries:
-        v = e.get("time_created_ns")
-        if v is None and "time_created_us" in e:
-            us = _as_int(e["time_created_us"])
-            v = us * 1000 if us is not None else None
-        out.append(v)
-    return out
 
 
 def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
@@ -198,64 +231,53 @@ def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
     if len(entries) != len(raw_entries):
         problems.append(f"{len(raw_entries) - len(entries)} entries are not dicts (ignored)")
 
+    columns = _transpose(entries)
+
     def get(key: str, *older: str) -> list:
-        if older:
-            return [e.get(key, next((e[o] for o in older if o in e), None)) for e in entries]
-        return [e.get(key) for e in entries]
+        if key not in columns:
+            for o in older:
+                if o in columns:
+                    return columns[o]
+        return columns.get(key) or [None] * len(entries)
 
-    names = get("profiling_name")
-    parsed = [normalize_op(n) for n in names]
-    pgs = get("process_group")
-    pg_ids = get("pg_id")
-    # Before recorder 2.1 entries name no group, only the local pg id, which is also the pg_config key then.
-    pg_name = [_as_str(p[0]) if isinstance(p, (list, tuple)) and p else (_as_str(p) if p is not None else _as_str(i))
-               for p, i in zip(pgs, pg_ids)]
-    pg_desc = [_as_str(p[1]) if isinstance(p, (list, tuple)) and len(p) > 1 else None for p in pgs]
-    in_sizes, out_sizes = get("input_sizes"), get("output_sizes")
     stack_ids, stacks = _stacks(get("frames"), problems)
-    states = [s if s in ("scheduled", "started", "completed") else ("unknown" if s is not None else None)
-              for s in get("state")]
+    created = get("time_created_ns")
+    if entries and "time_created_ns" not in entries[0] and "time_created_us" in entries[0]:
+        created = [None if v is None else _as_int(v) * 1000 if _as_int(v) is not None else None
+                   for v in get("time_created_us")]  # torch 2.2 wrote microseconds
 
-    def zero_is_null(values: list) -> list:
-        return [None if v == 0 or v == "0" else v for v in values]
-
-    i64, f64, s = pa.int64(), pa.float64(), pa.string()
+    i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+    sizes, dtypes = pa.list_(pa.list_(i64)), pa.list_(s)
     cols = {
         "rank": pa.array([rank] * len(entries), type=i64),
-        "pg_name": pa.array(pg_name, type=s),
-        "pg_desc": pa.array(pg_desc, type=s),
-        "pg_id": _column("pg_id", pg_ids, i64, _as_int, problems),
+        "process_group": _column("process_group", get("process_group"), dtypes, _as_str_list, problems),
+        "pg_id": _column("pg_id", get("pg_id"), i64, _as_int, problems),
         "record_id": _column("record_id", get("record_id"), i64, _as_int, problems),
         "collective_seq_id": _column("collective_seq_id", get("collective_seq_id", "seq_id"), i64, _as_int, problems),
         "p2p_seq_id": _column("p2p_seq_id", get("p2p_seq_id"), i64, _as_int, problems),
         "op_id": _column("op_id", get("op_id"), i64, _as_int, problems),
-        "op": pa.array([p[0] for p in parsed], type=s),
-        "profiling_name": pa.array([_as_str(n) for n in names], type=s),
-        "is_p2p": _column("is_p2p", [v if v is not None else p[0] in ("send", "recv")
-                                     for v, p in zip(get("is_p2p"), parsed)], pa.bool_(), _as_bool, problems),
-        "peer_local": pa.array([p[1] for p in parsed], type=i64),
-        "state": pa.array(states, type=s),
-        "retired": _column("retired", get("retired"), pa.bool_(), _as_bool, problems),
+        "profiling_name": _column("profiling_name", get("profiling_name"), s, _as_str, problems),
+        "is_p2p": _column("is_p2p", get("is_p2p"), b, _as_bool, problems),
+        "state": _column("state", get("state"), s, _as_str, problems),
+        "retired": _column("retired", get("retired"), b, _as_bool, problems),
         "timeout_ms": _column("timeout_ms", get("timeout_ms"), i64, _as_int, problems),
-        "time_created_ns": _column("time_created_ns", zero_is_null(_created_ns(entries)), i64, _as_int, problems),
-        "time_started_ns": _column(
-            "time_discovered_started_ns", zero_is_null(get("time_discovered_started_ns")), i64, _as_int, problems),
-        "time_completed_ns": _column(
-            "time_discovered_completed_ns", zero_is_null(get("time_discovered_completed_ns")), i64, _as_int, problems),
+        "time_created_ns": _column("time_created_ns", created, i64, _as_int, problems),
+        "time_started_ns": _column("time_discovered_started_ns", get("time_discovered_started_ns"), i64, _as_int,
+                                   problems),
+        "time_completed_ns": _column("time_discovered_completed_ns", get("time_discovered_completed_ns"), i64,
+                                     _as_int, problems),
         "duration_ms": _column("duration_ms", get("duration_ms"), f64, _as_float, problems),
-        "input_sizes": pa.array([_shape_text(x) for x in in_sizes], type=s),
-        "output_sizes": pa.array([_shape_text(x) for x in out_sizes], type=s),
-        "input_dtypes": pa.array([_dtypes_text(x) for x in get("input_dtypes")], type=s),
-        "output_dtypes": pa.array([_dtypes_text(x) for x in get("output_dtypes")], type=s),
-        "input_numel": pa.array([_numel(x) for x in in_sizes], type=i64),
-        "output_numel": pa.array([_numel(x) for x in out_sizes], type=i64),
-        "thread_id": pa.array([_as_str(x) for x in get("thread_id")], type=s),
-        "thread_name": pa.array([_as_str(x) for x in get("thread_name")], type=s),
+        "input_sizes": _column("input_sizes", get("input_sizes"), sizes, _as_sizes, problems),
+        "output_sizes": _column("output_sizes", get("output_sizes"), sizes, _as_sizes, problems),
+        "input_dtypes": _column("input_dtypes", get("input_dtypes"), dtypes, _as_str_list, problems),
+        "output_dtypes": _column("output_dtypes", get("output_dtypes"), dtypes, _as_str_list, problems),
+        "thread_id": _column("thread_id", get("thread_id"), s, _as_str, problems),
+        "thread_name": _column("thread_name", get("thread_name"), s, _as_str, problems),
         "stack_id": pa.array(stack_ids, type=pa.uint64()),
     }
     entries_table = pa.table(cols)
 
-    backends = {p[2] for p in parsed if p[2]}
+    backends = {normalize_op(n)[2] for n in set(cols["profiling_name"].to_pylist())} - {None}
     meta = {
         "rank": rank,
         "version": version,
@@ -314,3 +336,54 @@ def _pg_status_rows(pg_status: Any, rank: int, problems: list[str]) -> list[tupl
             _as_int(st.get("last_completed_collective")),
         ))
     return rows
+
+
+def _distinct_map(df: pl.DataFrame, column: str, fn: Callable[[Any], dict]) -> pl.DataFrame:
+    """Apply a Python function once per distinct value of a column (shapes, names repeat a lot)."""
+    key = f"_{column}_key"
+    keyed = df.with_columns(pl.col(column).hash().alias(key))
+    distinct = keyed.group_by(key).agg(pl.col(column).first())
+    values = [fn(v) for v in distinct[column].to_list()]
+    mapped = pl.DataFrame(values) if values else pl.DataFrame()
+    mapped = pl.concat([distinct.select(key), mapped], how="horizontal") if values else distinct.select(key)
+    return keyed.join(mapped, on=key, how="left").drop(key)
+
+
+def normalize_entries(tables: list[pa.Table]) -> pl.DataFrame:
+    """Raw per-file columns -> the ENTRIES schema (without `group` and `peer`, which need every rank).
+
+    Vectorized over a whole chunk of files: per-value Python runs once per distinct profiling name or shape.
+    """
+    if not tables:
+        return pl.DataFrame(schema=ENTRIES)
+    df = pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"))
+
+    def op_fields(name: Any) -> dict:
+        op, peer, _backend = normalize_op(name)
+        return {"op": op, "peer_local": peer}
+
+    def shape_fields(prefix: str) -> Callable[[Any], dict]:
+        def fields(sizes: Any) -> dict:
+            return {f"{prefix}_sizes_text": _shape_text(sizes), f"{prefix}_numel": _numel(sizes)}
+        return fields
+
+    df = _distinct_map(df, "profiling_name", op_fields)
+    df = _distinct_map(df, "input_sizes", shape_fields("input"))
+    df = _distinct_map(df, "output_sizes", shape_fields("output"))
+    zero_is_null = {c: pl.when(pl.col(c) == 0).then(None).otherwise(pl.col(c)).alias(c)
+                    for c in ("time_created_ns", "time_started_ns", "time_completed_ns")}
+    df = df.with_columns(
+        # Before recorder 2.1 entries name no group, only the local pg id, which is then the pg_config key.
+        pl.coalesce(pl.col("process_group").list.get(0, null_on_oob=True), pl.col("pg_id").cast(pl.String))
+        .alias("pg_name"),
+        pl.col("process_group").list.get(1, null_on_oob=True).alias("pg_desc"),
+        pl.when(pl.col("state").is_in(list(STATES)) | pl.col("state").is_null()).then(pl.col("state"))
+        .otherwise(pl.lit("unknown")).alias("state"),
+        pl.coalesce("is_p2p", pl.col("op").is_in(["send", "recv"])).alias("is_p2p"),
+        pl.col("input_dtypes").list.join(",").alias("input_dtypes"),
+        pl.col("output_dtypes").list.join(",").alias("output_dtypes"),
+        pl.col("input_sizes_text").alias("input_sizes"),
+        pl.col("output_sizes_text").alias("output_sizes"),
+        *zero_is_null.values(),
+    )
+    return conform(df, ENTRIES)

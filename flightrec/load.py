@@ -8,6 +8,7 @@ columns instead of pickles. This module interprets nothing: it reads, renames an
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor
@@ -21,7 +22,7 @@ import pyarrow as pa
 from . import cache as _cache
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
-from .flatten import flatten_dump
+from .flatten import flatten_dump, normalize_entries
 from .readers import read_dump
 from .schema import DUMPS, ENTRIES, GROUPS, MEMBERS, MEMBERSHIPS, PG_STATUS, RAW_PG_CONFIG, STACKS, conform, empty
 
@@ -162,7 +163,7 @@ def _parse_chunk(items: list[tuple[str, int]]) -> dict:
         cfg.extend(out["pg_config"])
         status.extend(out["pg_status"])
         stacks.update(out["stacks"])
-    entries = pa.concat_tables(tables) if tables else None
+    entries = pa.concat_tables(tables, promote_options="permissive") if tables else None
     return {"metas": metas, "entries": entries, "pg_config": cfg, "pg_status": status, "stacks": stacks}
 
 
@@ -185,7 +186,10 @@ def _parse_all(files: list[DumpFile], options: LoadOptions) -> list[dict]:
             if options.progress:
                 options.progress(done, len(files))
         return results
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # Workers only unpickle and build Arrow arrays (no Polars, whose thread pool is not fork-safe), so fork is
+    # safe and starts instantly; spawn would re-import everything and re-run unguarded user scripts.
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks)):
             results.append(result)
             done += len(chunk)
@@ -213,8 +217,7 @@ def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Da
         "loaded": [m["loaded"] for m in metas],
     }, schema_overrides={"problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
                          "backend": pl.String, "comm_lib_version": pl.String, "format": pl.String})
-    tables = [r["entries"] for r in results if r["entries"] is not None]
-    entries = pl.from_arrow(pa.concat_tables(tables)) if tables else empty(ENTRIES)
+    entries = normalize_entries([r["entries"] for r in results if r["entries"] is not None])
     cfg = [row for r in results for row in r["pg_config"]]
     status = [row for r in results for row in r["pg_status"]]
     stacks: dict[int, list] = {}
@@ -311,11 +314,11 @@ def assemble(raw: dict[str, pl.DataFrame], files: list[DumpFile], root: str, wor
     # Each entry's group: by its rank's declaration when there is one, else by name (inferred groups).
     rank_group = memberships.select("rank", "pg_name", "group").unique(["rank", "pg_name"])
     inferred = groups.filter(pl.col("source") == "inferred").select("pg_name", pl.col("group").alias("_g"))
-    entries = (entries.join(rank_group, on=["rank", "pg_name"], how="left")
+    entries = (entries.drop("group", strict=False).join(rank_group, on=["rank", "pg_name"], how="left")
                .join(inferred, on="pg_name", how="left")
                .with_columns(pl.coalesce("group", "_g").alias("group")).drop("_g"))
     peers = members.rename({"rank": "peer", "local_rank": "peer_local"})
-    entries = entries.join(peers, on=["group", "peer_local"], how="left")
+    entries = entries.drop("peer").join(peers, on=["group", "peer_local"], how="left")
     entries = conform(entries, ENTRIES_WITH_GROUP).sort("rank", "record_id")
 
     dumps = _check_declared_ranks(dumps, memberships, members)

@@ -1,0 +1,159 @@
+"""The command line: exact exit codes, JSON on stdout, stderr for everything else, no tracebacks."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from flightrec import synth
+from flightrec.cli import main
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+@pytest.fixture
+def hung(make_job):
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="not_joined", rank=6))
+    out, _ = make_job(job, per_host_folders=True)
+    return out
+
+
+@pytest.fixture
+def healthy(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2))
+    return out
+
+
+def test_analyze_json_fault(runner, hung):
+    result = runner.invoke(main, ["analyze", str(hung), "--format", "json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["verdict"] == "fault"
+    assert data["culprits"] == {"ranks": [6], "hosts": ["node00001"], "links": []}
+    assert "Traceback" not in result.stderr
+
+
+def test_analyze_healthy_exit_0(runner, healthy):
+    result = runner.invoke(main, ["analyze", str(healthy)])
+    assert result.exit_code == 0
+    assert result.stdout.startswith("HEALTHY:")
+
+
+def test_text_first_line_is_the_summary(runner, hung):
+    text = runner.invoke(main, ["analyze", str(hung)]).stdout
+    data = json.loads(runner.invoke(main, ["analyze", str(hung), "-f", "json"]).stdout)
+    assert text.splitlines()[0] == data["summary"]
+    assert "\x1b[" not in text  # no colour when not on a terminal
+
+
+def test_markdown_and_output_file(runner, hung, tmp_path):
+    out = tmp_path / "incident.md"
+    result = runner.invoke(main, ["analyze", str(hung), "--format", "markdown", "-o", str(out)])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    md = out.read_text()
+    assert md.startswith("## flightrec: FAULT") and "| ranks | 6 |" in md
+
+
+def test_hosts_file_and_ranks_per_host(runner, make_job, tmp_path):
+    out, _ = make_job(synth.Job(tp=4, pp=2, dp=2, fault=synth.Fault(kind="not_joined", rank=6)))
+    hosts = tmp_path / "hosts.csv"
+    hosts.write_text("rank,host\n" + "".join(f"{r},gpu-{r // 4}\n" for r in range(16)))
+    data = json.loads(runner.invoke(main, ["analyze", str(out), "-f", "json", "--hosts", str(hosts)]).stdout)
+    assert data["culprits"]["hosts"] == ["gpu-1"]
+    assert data["dumps"]["host_source"] == "hosts file"
+    data = json.loads(runner.invoke(main, ["analyze", str(out), "-f", "json", "--ranks-per-host", "8"]).stdout)
+    assert data["culprits"]["hosts"] == ["host0"]
+    hosts_json = tmp_path / "hosts.json"
+    hosts_json.write_text(json.dumps({str(r): f"n{r}" for r in range(16)}))
+    data = json.loads(runner.invoke(main, ["analyze", str(out), "-f", "json", "--hosts", str(hosts_json)]).stdout)
+    assert data["culprits"]["hosts"] == ["n6"]
+
+
+def test_topology_and_pg_and_prefix_and_no_cache(runner, hung, tmp_path):
+    topo = tmp_path / "topo.csv"
+    topo.write_text("host,switch\nnode00000,leaf0\nnode00001,leaf0\n")
+    result = runner.invoke(main, ["analyze", str(hung), "-f", "json", "--topology", str(topo), "--pg", "tp",
+                                  "--prefix", "nccl_trace_rank_", "--no-cache", "--quiet"])
+    data = json.loads(result.stdout)
+    assert result.exit_code == 1
+    assert data["culprits"]["ranks"] == [6]
+    assert all(f["process_group"] is None or f["process_group"]["desc"] == "tp" for f in data["findings"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["analyze", "/does/not/exist"], "no such file"),
+    (["analyze", "{dir}", "--prefix", "nope_"], "no dump files"),
+    (["analyze", "{dir}", "--hosts", "/does/not/exist.csv"], "cannot read the hosts file"),
+    (["analyze", "{dir}", "--pg", "no-such-group"], "no process group"),
+    (["entries", "{dir}", "--around", "3"], "--around needs --pg"),
+])
+def test_bad_input_is_one_line_exit_2(runner, hung, args, message):
+    result = runner.invoke(main, [a.format(dir=hung) for a in args])
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stdout == ""
+
+
+def test_usage_error_exit_2(runner):
+    result = runner.invoke(main, ["analyze", "--format", "yaml", "x"])
+    assert result.exit_code == 2
+
+
+def test_internal_error_exit_70(runner, hung, monkeypatch):
+    import flightrec.cli as cli
+
+    def boom(*a, **k):
+        raise RuntimeError("kaboom")
+    monkeypatch.setattr(cli, "analyze", boom)
+    result = runner.invoke(main, ["analyze", str(hung)])
+    assert result.exit_code == 70
+    assert "flightrec bug" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_warnings_go_to_stderr_and_quiet_silences_them(runner, hung):
+    (hung / "node00000" / "nccl_trace_rank_1").write_bytes(b"\x80\x02junk")
+    result = runner.invoke(main, ["analyze", str(hung), "-f", "json"])
+    json.loads(result.stdout)
+    assert "warning:" in result.stderr
+    quiet = runner.invoke(main, ["analyze", str(hung), "-f", "json", "--quiet"])
+    assert quiet.stderr == ""
+
+
+def test_load_entries_stacks_groups_convert(runner, hung, tmp_path):
+    assert "16 of 16 ranks loaded" in runner.invoke(main, ["load", str(hung)]).stdout
+    entries = runner.invoke(main, ["entries", str(hung), "--rank", "6", "--last", "3"]).stdout
+    assert len(entries.strip().splitlines()) == 4 and entries.splitlines()[1].startswith("6 ")
+    side = runner.invoke(main, ["entries", str(hung), "--pg", "tp", "--rank", "4", "--rank", "6", "--around", "17"])
+    assert "rank 4" in side.stdout and "rank 6" in side.stdout
+    stacks = runner.invoke(main, ["stacks", str(hung)]).stdout
+    assert re.search(r"^1 rank: .* \(completed\)\n    ranks 6$", stacks, re.M)  # the culprit stopped outside
+    groups = runner.invoke(main, ["groups", str(hung)]).stdout
+    assert "not_joined" in groups and "default_pg" in groups
+    out = tmp_path / "pq"
+    result = runner.invoke(main, ["convert", str(hung), str(out)])
+    assert result.exit_code == 0 and (out / "entries.parquet").exists() and (out / "collectives.parquet").exists()
+
+
+def test_every_command_has_help_with_an_example_and_a_readme_mention(runner):
+    for name, command in main.commands.items():
+        result = runner.invoke(main, [name, "--help"])
+        assert result.exit_code == 0
+        assert "Example" in result.stdout, f"{name} --help has no example"
+        assert f"flightrec {name}" in README, f"README does not mention `flightrec {name}`"
+    for option in ("--format", "--hosts", "--topology", "--ranks-per-host", "--prefix", "--pg", "--quiet",
+                   "--no-cache", "-o"):
+        assert option in runner.invoke(main, ["analyze", "--help"]).stdout
+        assert option in README
+
+
+def test_version(runner):
+    assert runner.invoke(main, ["--version"]).stdout.startswith("flightrec, version")
