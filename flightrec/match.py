@@ -55,9 +55,20 @@ def is_completed() -> pl.Expr:
     return pl.col("state") == "completed"
 
 
-def reports_completion() -> pl.Expr:
-    """Per rank: its recorder reports progress (NCCL). Gloo entries stay 'scheduled' forever."""
-    return pl.col("state").is_in(["started", "completed"]).any().over("rank")
+# Backends whose recorder marks entries completed (CUDA/XPU events). Gloo's never does.
+COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl")
+
+
+def completion_by_rank(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFrame:
+    """(rank, tracks_completion): the rank's recorder reports completion. Read from the backend, so a rank
+    whose first op is the one that hung still counts; and from the states, for dumps of unknown backend."""
+    seen = entries.group_by("rank").agg(pl.col("state").is_in(["started", "completed"]).any().alias("_seen"))
+    backend = dumps.select(
+        "rank", pl.col("backend").fill_null("").str.split(",")
+        .list.eval(pl.element().is_in(COMPLETION_BACKENDS)).list.any().alias("_backend"))
+    return (backend.join(seen, on="rank", how="full", coalesce=True)
+            .select("rank", (pl.col("_backend").fill_null(False) | pl.col("_seen").fill_null(False))
+                    .alias("tracks_completion")))
 
 
 def size_rule_ok() -> pl.Expr:
@@ -85,12 +96,10 @@ def shape_key() -> pl.Expr:
 # ---------------------------------------------------------------------------------------------- units
 
 
-def collective_units(entries: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
+def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
     """One row per (group, seq, rank) for collectives; p2p and batch closers are left out."""
-    marked = entries.with_columns(
-        (pl.col("is_p2p") | is_p2p_closer()).alias("_p2p"),
-        reports_completion().alias("tracks_completion"),
-    )
+    marked = entries.with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p")).join(
+        tracks, on="rank", how="left")
     coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
     units = (
         coll.group_by("group", "collective_seq_id", "rank")
@@ -132,7 +141,7 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFram
 
 
 def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
-             pg_status: pl.DataFrame) -> pl.DataFrame:
+             pg_status: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
     """How far each member of each group got. Uses pg_status where it is about collectives only."""
     per = (
         units.sort("collective_seq_id")
@@ -159,11 +168,7 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
 
     rank_info = dumps.filter(pl.col("loaded")).select(
         "rank", pl.lit(True).alias("has_dump"), pl.col("wrapped"),
-    ).join(
-        trace_entries.group_by("rank").agg(reports_completion().first().alias("tracks_completion"))
-        if trace_entries.height else pl.DataFrame(schema={"rank": pl.Int64, "tracks_completion": pl.Boolean}),
-        on="rank", how="left",
-    )
+    ).join(tracks, on="rank", how="left")
     out = (
         members.join(per, on=["group", "rank"], how="left")
         .join(rank_info, on="rank", how="left")
@@ -301,7 +306,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) ->
 # ---------------------------------------------------------------------------------------------- p2p
 
 
-def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFrame:
+def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
     """Pair sends with receives by (group, src, dst, k-th transfer).
 
     The k-th send from A to B is the k-th receive at B from A when neither buffer wrapped. When one did, the
@@ -313,9 +318,7 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=P2P_OPS_SCHEMA)
     closers = entries.filter(is_p2p_closer()).select(
         "rank", "group", "p2p_seq_id", pl.col("state").alias("_batch_state"))
-    # batch members are 'scheduled' forever, so whether a rank reports completion is read from all its entries
-    rank_info = entries.group_by("rank").agg(reports_completion().first().alias("_tracks")).join(
-        dumps.select("rank", "wrapped"), on="rank", how="left")
+    rank_info = tracks.rename({"tracks_completion": "_tracks"})
     ops = (
         ops.join(closers, on=["rank", "group", "p2p_seq_id"], how="left")
         .join(rank_info, on="rank", how="left")
@@ -354,10 +357,11 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFrame:
 def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
           pg_status: pl.DataFrame) -> Matching:
     """Run every matching step over all groups at once."""
-    units = collective_units(entries, groups)
-    prog = progress(units, entries, members, dumps, pg_status)
+    tracks = completion_by_rank(entries, dumps)
+    units = collective_units(entries, groups, tracks)
+    prog = progress(units, entries, members, dumps, pg_status, tracks)
     colls = classify(units, prog)
     return Matching(
         units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog),
-        p2p=p2p_pairs(entries, dumps),
+        p2p=p2p_pairs(entries, dumps, tracks),
     )

@@ -55,6 +55,7 @@ class Job:
     with_stacks: bool = True
     fault: Fault = field(default_factory=Fault)
     seed: int = 0
+    relabel: tuple[int, ...] = ()  # rank labels: logical rank i is called relabel[i] (tests of equivariance)
 
     @property
     def world_size(self) -> int:
@@ -62,10 +63,12 @@ class Job:
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """rank -> (dp index, pp stage, tp index)."""
-        return rank // (self.pp * self.tp), (rank // self.tp) % self.pp, rank % self.tp
+        logical = self.relabel.index(rank) if self.relabel else rank
+        return logical // (self.pp * self.tp), (logical // self.tp) % self.pp, logical % self.tp
 
     def rank_of(self, dp_i: int, pp_i: int, tp_i: int) -> int:
-        return dp_i * self.pp * self.tp + pp_i * self.tp + tp_i
+        logical = dp_i * self.pp * self.tp + pp_i * self.tp + tp_i
+        return self.relabel[logical] if self.relabel else logical
 
     def host_of(self, rank: int) -> str:
         return f"node{rank // self.ranks_per_host:05d}"
@@ -83,13 +86,13 @@ def _groups(job: Job) -> tuple[list[_Group], dict[int, dict[str, _Group]]]:
     groups = [_Group("0", "default_pg", list(range(job.world_size)))]
     for d in range(job.dp):
         for p in range(job.pp):
-            groups.append(_Group("", "tp", [job.rank_of(d, p, t) for t in range(job.tp)]))
+            groups.append(_Group("", "tp", sorted(job.rank_of(d, p, t) for t in range(job.tp))))
     for d in range(job.dp):
         for t in range(job.tp):
-            groups.append(_Group("", "pp", [job.rank_of(d, p, t) for p in range(job.pp)]))
+            groups.append(_Group("", "pp", sorted(job.rank_of(d, p, t) for p in range(job.pp))))
     for p in range(job.pp):
         for t in range(job.tp):
-            groups.append(_Group("", "dp", [job.rank_of(d, p, t) for d in range(job.dp)]))
+            groups.append(_Group("", "dp", sorted(job.rank_of(d, p, t) for d in range(job.dp))))
     for i, g in enumerate(groups):
         g.name = str(i)
     by_rank: dict[int, dict[str, _Group]] = defaultdict(dict)
@@ -138,7 +141,7 @@ def _schedule(job: Job, rank: int, by_rank: dict[int, dict[str, _Group]], steps:
         ops.append(_Op(step, group, name, [("c", group.name, counters[("c", group.name)])], ins, outs, dtype, stack))
 
     def p2p(step: int, kind: str, peer_stage: int, stack: str) -> None:
-        me, peer = pp.ranks.index(rank), peer_stage
+        me, peer = pp.ranks.index(rank), pp.ranks.index(job.rank_of(dp_i, peer_stage, tp_i))
         src, dst = (me, peer) if kind == "send" else (peer, me)
         counters[("p", src, dst)] += 1
         key = ("p", pp.name, src, dst, counters[("p", src, dst)])

@@ -77,8 +77,10 @@ def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width
 def stack_groups_frame(trace: Trace) -> pl.DataFrame:
     """Ranks grouped by the stack of their last unfinished entry (their last entry when nothing reports
     completion, as with Gloo)."""
-    e = trace.entries.sort("rank", "record_id").with_columns(
-        pl.col("state").is_in(["started", "completed"]).any().over("rank").alias("_tracks"))
+    from .match import completion_by_rank
+
+    e = trace.entries.sort("rank", "record_id").join(
+        completion_by_rank(trace.entries, trace.dumps).rename({"tracks_completion": "_tracks"}), on="rank", how="left")
     # batch send/recv members stay 'scheduled' forever: their closing entry carries the batch's state
     unfinished = (e.filter(pl.col("_tracks") & (pl.col("state") != "completed") & ~pl.col("is_p2p"))
                   .group_by("rank").agg(pl.all().first()))

@@ -1,0 +1,71 @@
+"""Properties over random synthetic jobs: healthy means no finding, one fault is found exactly, and the answer
+does not depend on how ranks are labelled."""
+
+import random
+import tempfile
+import warnings
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from flightrec import analyze, synth
+
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def layouts(draw, min_tp=1, min_pp=1):
+    tp = draw(st.sampled_from([t for t in (1, 2, 4) if t >= min_tp]))
+    pp = draw(st.sampled_from([p for p in (1, 2, 3) if p >= min_pp]))
+    dp = draw(st.sampled_from([1, 2, 3] if tp * pp > 1 else [2, 3]))
+    return dict(tp=tp, pp=pp, dp=dp, steps=draw(st.integers(1, 3)), microbatches=draw(st.integers(1, 2)),
+                timing=draw(st.booleans()), buffer_size=draw(st.sampled_from([2000, 30])),
+                seed=draw(st.integers(0, 10**6)))
+
+
+def _analyze(job):
+    with tempfile.TemporaryDirectory() as tmp:
+        synth.generate(job, Path(tmp) / "d")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return analyze(Path(tmp) / "d", use_cache=False)
+
+
+@SETTINGS
+@given(layouts())
+def test_healthy_job_is_healthy(layout):
+    report = _analyze(synth.Job(**layout))
+    assert report.verdict == "healthy", report.summary
+    assert [f.kind for f in report.findings if f.role != "warning"] == []
+    assert set(report.matching.collectives["status"].to_list()) <= {"matched"}
+
+
+@SETTINGS
+@given(layouts(min_tp=4), st.data())
+def test_one_injected_fault_is_found_exactly(layout, data):
+    job = synth.Job(**layout)
+    kind = data.draw(st.sampled_from(["not_joined", "missing_dump", "size_mismatch", "type_mismatch",
+                                      "dtype_mismatch"]))
+    rank = data.draw(st.integers(0, job.world_size - 1))
+    job = synth.Job(**layout, fault=synth.Fault(kind=kind, rank=rank, phase="tp"))
+    report = _analyze(job)
+    assert report.verdict == "fault"
+    assert report.culprits["ranks"] == [rank], report.summary
+    expected_kind = "mismatch" if kind.endswith("mismatch") else kind
+    assert report.root_causes[0].kind == expected_kind
+
+
+@SETTINGS
+@given(layouts(min_tp=2), st.data())
+def test_relabelling_ranks_relabels_the_answer(layout, data):
+    world = layout["tp"] * layout["pp"] * layout["dp"]
+    perm = list(range(world))
+    random.Random(data.draw(st.integers(0, 10**6))).shuffle(perm)
+    logical = data.draw(st.integers(0, world - 1))
+    plain = _analyze(synth.Job(**layout, fault=synth.Fault(kind="not_joined", rank=logical)))
+    relabelled = _analyze(synth.Job(**layout, relabel=tuple(perm),
+                                    fault=synth.Fault(kind="not_joined", rank=perm[logical])))
+    assert plain.culprits["ranks"] == [logical]
+    assert relabelled.culprits["ranks"] == [perm[r] for r in plain.culprits["ranks"]]
+    assert plain.root_causes[0].collective_seq_id == relabelled.root_causes[0].collective_seq_id
