@@ -21,6 +21,8 @@ _SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".bin")
 _TRAILING_RANK = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 _SEPARATORS = "._-"
 CACHE_DIR_NAME = ".flightrec-cache"
+# Files that sit beside dumps and are never dumps themselves: skipped without a warning.
+_NOT_DUMPS = {".txt", ".md", ".log", ".py", ".csv", ".yaml", ".yml", ".sh", ".ipynb", ".html", ".parquet"}
 
 
 @dataclass(frozen=True)
@@ -96,16 +98,25 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     paths = [root] if root.is_file() else _walk_files(root)
 
     candidates: list[tuple[Path, str, int]] = []
+    skipped: list[Path] = []
     for path in paths:
         stem = _strip_suffixes(path.name)
         if prefix is not None:
             if not stem.startswith(prefix) or not stem[len(prefix):].isdigit():
+                skipped.append(path)
                 continue
             candidates.append((path, "", int(stem[len(prefix):])))
             continue
         match = _TRAILING_RANK.match(stem)
         if match:
             candidates.append((path, match["prefix"], int(match["rank"])))
+        else:
+            skipped.append(path)
+    noteworthy = [p for p in skipped if p.suffix.lower() not in _NOT_DUMPS]
+    if candidates and noteworthy:
+        names = ", ".join(p.name for p in noteworthy[:5]) + (", ..." if len(noteworthy) > 5 else "")
+        warnings.warn(f"ignored {len(noteworthy)} file(s) whose name has no rank number: {names} "
+                      "(pass --prefix if they are dumps)", stacklevel=2)
 
     if not candidates:
         hint = f" starting with {prefix!r}" if prefix is not None else " whose name ends in a rank number"

@@ -221,6 +221,8 @@ def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
     elif version not in KNOWN_DUMP_VERSIONS:
         problems.append(f"recorder version {version} is newer than this flightrec knows; loaded the known fields")
 
+    if dump.get("_truncated"):
+        problems.append(f"truncated file: kept the {len(dump.get('entries') or [])} entries written before the cut")
     raw_entries = dump.get("entries", [])
     if raw_entries is None:
         raw_entries = []

@@ -18,6 +18,7 @@ from .errors import DumpFormatError, UnsafePickleError
 
 # A 2,000-entry dump with deep stacks is tens of MB; anything far past that is not a flight-recorder dump.
 MAX_DUMP_BYTES = 2 << 30
+MAX_TEXT_BYTES = 512 << 20   # JSON has to be read whole; a real JSON dump is a few MB
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -48,18 +49,73 @@ def loads_plain_pickle(data: bytes, source: str = "<bytes>") -> Any:
         raise DumpFormatError(f"{source}: not a readable pickle ({type(exc).__name__}: {exc})") from None
 
 
+class _SalvagingUnpickler(pickle._Unpickler):  # the pure-Python unpickler keeps its stacks inspectable
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafePickleError(f"refused: the pickle asks to load {module}.{name} (it was not executed)")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError("refused: the pickle uses persistent ids (it was not executed)")
+
+
+_ENTRY_KEYS = ("profiling_name", "record_id")
+_TOP_KEYS = {"version": str, "pg_config": dict, "pg_status": dict, "comm_lib_version": str, "nccl_version": str}
+
+
+def salvage_truncated_pickle(data: bytes, source: str) -> dict:
+    """A dump cut short (the node died mid-write) still holds whole entries before the cut. Run the
+    pure-Python unpickler until it fails and collect every complete entry dict it had built."""
+    unpickler = _SalvagingUnpickler(io.BytesIO(data))
+    try:
+        result = unpickler.load()
+        if isinstance(result, dict):
+            return result
+    except UnsafePickleError as exc:
+        raise UnsafePickleError(f"{source}: {exc}") from None
+    except Exception:  # noqa: BLE001 - the cut can surface as any error; we only look at what was built
+        pass
+    pools = [list(unpickler.memo.values()), list(unpickler.stack)] + [list(f) for f in unpickler.metastack]
+    seen: set[int] = set()
+    entries: list[dict] = []
+    top: dict = {}
+    for pool in pools:
+        for obj in pool:
+            if not isinstance(obj, dict) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if all(k in obj for k in _ENTRY_KEYS) and "state" in obj:
+                entries.append(obj)
+            elif "version" in obj and not top:
+                top = obj
+    if not entries:
+        raise DumpFormatError(f"{source}: truncated or corrupt pickle with no complete entry before the cut")
+    # an entry still being filled when the stream ended lacks its last keys: keep only full-width ones
+    width = max(len(e) for e in entries)
+    entries = [e for e in entries if len(e) >= width - 1 and isinstance(e.get("record_id"), int)]
+    entries.sort(key=lambda e: e["record_id"])
+    out = {k: v for k, v in top.items() if k != "entries"} if top else {}
+    # The top-level dict is still open at the cut: its finished key/value pairs sit flat on the stacks.
+    for pool in pools:
+        for key, value in zip(pool, pool[1:]):
+            if isinstance(key, str) and key not in out and isinstance(value, _TOP_KEYS.get(key, ())):
+                out[key] = value
+    out["entries"] = entries
+    out["_truncated"] = True
+    return out
+
+
 def read_dump(path: Path) -> tuple[dict, str]:
-    """Return (the dump as a dict, 'pickle' or 'json')."""
+    """Return (the dump as a dict, 'pickle' or 'json'). A truncated pickle gives back what decoded before
+    the cut, marked with a '_truncated' key."""
     source = str(path)
     size = path.stat().st_size
     if size == 0:
         raise DumpFormatError(f"{source}: empty file (the rank may have died while dumping)")
-    if size > MAX_DUMP_BYTES:
-        raise DumpFormatError(f"{source}: {size:,} bytes is too large for a flight-recorder dump; skipped")
     with open(path, "rb") as fh:
         head = fh.read(2)
         if head not in (_GZIP_MAGIC,) and head[:1] not in (b"\x80", b"{", b"[", b" ", b"\n"):
             raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file (starts with {head!r})")
+        if size > (MAX_DUMP_BYTES if head[:1] == b"\x80" else MAX_TEXT_BYTES):
+            raise DumpFormatError(f"{source}: {size:,} bytes is too large for a flight-recorder dump; skipped")
         fh.seek(0)
         data = fh.read()
     if data[:2] == _GZIP_MAGIC:
@@ -87,7 +143,10 @@ def parse_dump_bytes(data: bytes, source: str) -> tuple[dict, str]:
             raise DumpFormatError(f"{source}: not valid JSON ({exc})") from None
         fmt = "json"
     elif data[:1] == b"\x80":
-        obj = loads_plain_pickle(data, source)
+        try:
+            obj = loads_plain_pickle(data, source)
+        except DumpFormatError:
+            obj = salvage_truncated_pickle(data, source)
         fmt = "pickle"
     else:
         raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file")

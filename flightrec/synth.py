@@ -521,6 +521,12 @@ def to_json_dump(dump: dict) -> str:
     return json.dumps(out)
 
 
+def truth_path(out_dir: str | Path) -> Path:
+    """Where `generate` writes the ground truth: beside the dump folder, not in it."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".truth.json")
+
+
 def generate(job: Job, out_dir: str | Path, *, fmt: str = "pickle", per_host_folders: bool = False,
              prefix: str = "nccl_trace_rank_", compress: bool = False) -> dict:
     """Write one dump per surviving rank under `out_dir`; return the ground truth.
@@ -548,5 +554,5 @@ def generate(job: Job, out_dir: str | Path, *, fmt: str = "pickle", per_host_fol
     if truth["ranks"] and not truth["hosts"] and job.fault.kind not in ("dead_link",):
         truth["hosts"] = sorted({job.host_of(r) for r in truth["ranks"]})
     truth["world_size"] = job.world_size
-    (out / "ground_truth.json").write_text(json.dumps(truth, indent=1, sort_keys=True))
+    truth_path(out).write_text(json.dumps(truth, indent=1, sort_keys=True))
     return truth

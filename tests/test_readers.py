@@ -46,7 +46,7 @@ def test_json_and_gzip(tmp_path):
 @pytest.mark.parametrize("data, match", [
     (b"", "empty file"),
     (b"\x00\x01\x02junk", "not a pickle, JSON or gzip"),
-    (pickle.dumps({"entries": list(range(100))})[:-20], "not a readable pickle"),
+    (pickle.dumps({"entries": list(range(100))})[:-20], "no complete entry before the cut"),
     (b"{not json", "not valid JSON"),
     (pickle.dumps("text"), "expected a dict"),
 ])

@@ -1,0 +1,47 @@
+"""Run one measurement in a fresh process: wall time and peak RSS of the whole process tree."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import psutil
+
+
+def run(code: str, timeout: float = 3600) -> dict:
+    """Execute `code` in `python -c`; it must print one JSON line with at least {"s": seconds}.
+    Adds "peak_rss" (bytes, main process plus its workers, sampled every 20 ms)."""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    start = time.monotonic()
+    while proc.poll() is None:
+        try:
+            rss = ps.memory_info().rss + sum(c.memory_info().rss for c in ps.children(recursive=True))
+            peak = max(peak, rss)
+        except psutil.Error:
+            pass
+        if time.monotonic() - start > timeout:
+            proc.kill()
+            raise TimeoutError(code)
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss"] = peak
+    return result
+
+
+def median_of(code: str, repeat: int) -> dict:
+    runs = [run(code) for _ in range(repeat)]
+    keys = runs[0].keys()
+    return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float)) else runs[0][k]
+            for k in keys} | {"runs": [r["s"] for r in runs]}
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"

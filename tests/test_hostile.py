@@ -1,0 +1,180 @@
+"""Hostile and broken input (docs/input-errors.md): never execute, never crash, never lose what can be read."""
+
+import gzip
+import json
+import os
+import pickle
+import warnings
+
+import pytest
+from click.testing import CliRunner
+
+from flightrec import FlightrecError, LoadOptions, analyze, load, synth
+from flightrec.cli import main
+from flightrec.errors import NoDumpsError
+
+
+@pytest.fixture
+def job_dir(make_job):
+    out, _ = make_job(synth.Job(tp=4, pp=1, dp=2, fault=synth.Fault(kind="not_joined", rank=6)))
+    return out
+
+
+def _quiet_load(path, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trace = load(path, LoadOptions(use_cache=False, **kw))
+    return trace, [str(w.message) for w in caught]
+
+
+def _rewrite(path, fn):
+    dump = pickle.loads(path.read_bytes())
+    fn(dump)
+    path.write_bytes(pickle.dumps(dump))
+
+
+class Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_pickle_is_refused_the_rest_analysed(job_dir, tmp_path):
+    marker = tmp_path / "payload-ran"
+    (job_dir / "nccl_trace_rank_3").write_bytes(pickle.dumps({"version": "2.10", "entries": [Payload(marker)]}))
+    report = analyze(job_dir, use_cache=False)
+    assert not marker.exists()
+    assert report.dumps.refused and "os.system" in report.dumps.refused[0]["reason"] or \
+        "system" in report.dumps.refused[0]["reason"]
+    assert report.dumps.missing_ranks == [3]
+    assert 6 in report.culprits["ranks"]
+
+
+def test_truncated_pickle_keeps_entries_before_the_cut(job_dir):
+    path = job_dir / "nccl_trace_rank_2"
+    full = pickle.loads(path.read_bytes())
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    trace, msgs = _quiet_load(job_dir)
+    kept = trace.entries.filter(trace.entries["rank"] == 2)
+    assert 0 < kept.height < len(full["entries"])
+    assert kept["record_id"].to_list() == [e["record_id"] for e in full["entries"][: kept.height]]
+    assert any("truncated file" in m for m in msgs)
+
+
+@pytest.mark.parametrize("data", [b"", os.urandom(4096), b"\x80\x04\x95garbage", b"{\"entries\": [1, 2"])
+def test_junk_files_are_refused_with_a_reason(job_dir, data):
+    (job_dir / "nccl_trace_rank_1").write_bytes(data)
+    trace, msgs = _quiet_load(job_dir)
+    assert 1 in trace.missing_ranks
+    refused = trace.dumps.filter(~trace.dumps["loaded"])
+    assert refused["rank"].to_list() == [1] and refused["problems"][0][0]
+
+
+def test_gzip_dumps_are_read(job_dir):
+    path = job_dir / "nccl_trace_rank_0"
+    (job_dir / "nccl_trace_rank_0.gz").write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    trace, _ = _quiet_load(job_dir)
+    assert trace.missing_ranks == []
+
+
+def test_json_with_wrong_types_and_missing_keys(job_dir):
+    path = job_dir / "nccl_trace_rank_5"
+    dump = pickle.loads(path.read_bytes())
+    doc = json.loads(synth.to_json_dump(dump))
+    for e in doc["entries"][:5]:
+        e["collective_seq_id"] = str(e["collective_seq_id"])   # ints as strings
+        e["input_sizes"] = "not a list"
+        del e["state"]
+    doc["entries"][6]["record_id"] = -(10**30)                  # absurd
+    doc["entries"][7]["timeout_ms"] = {"a": 1}
+    doc["pg_status"] = ["not", "a", "dict"]
+    path.write_text(json.dumps(doc))
+    trace, msgs = _quiet_load(job_dir)
+    mine = trace.entries.filter(trace.entries["rank"] == 5)
+    assert mine.height == len(doc["entries"])
+    assert mine["collective_seq_id"].null_count() == 0           # "3" was read as 3
+    assert any("pg_status" in m for m in msgs) and any("input_sizes" in m for m in msgs)
+
+
+@pytest.mark.parametrize("mutate, problem", [
+    (lambda d: d.__setitem__("entries", {"not": "a list"}), "not a list"),
+    (lambda d: d["entries"].append("not a dict"), "not dicts"),
+    (lambda d: d.pop("version"), "no 'version'"),
+    (lambda d: d.__setitem__("pg_config", "nope"), "pg_config"),
+])
+def test_structural_damage_is_noted(job_dir, mutate, problem):
+    _rewrite(job_dir / "nccl_trace_rank_4", mutate)
+    trace, msgs = _quiet_load(job_dir)
+    assert any(problem in m for m in msgs)
+
+
+def test_file_without_rank_is_reported(job_dir):
+    (job_dir / "nccl_trace_rank_final").write_bytes((job_dir / "nccl_trace_rank_0").read_bytes())
+    _, msgs = _quiet_load(job_dir)
+    assert any("no rank number: nccl_trace_rank_final" in m for m in msgs)
+
+
+def test_mixed_versions_are_analysed_with_a_warning(job_dir):
+    _rewrite(job_dir / "nccl_trace_rank_0", lambda d: d.__setitem__("version", "2.9"))
+    report = analyze(job_dir, use_cache=False)
+    assert any(f.kind == "mixed_versions" for f in report.findings)
+    assert report.culprits["ranks"] == [6]
+
+
+def test_directory_without_dumps_exits_2(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(NoDumpsError):
+        analyze(tmp_path)
+    result = CliRunner().invoke(main, ["analyze", str(tmp_path)])
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+
+
+def test_every_file_unreadable_exits_2(tmp_path):
+    (tmp_path / "rank_0").write_bytes(b"junk")
+    (tmp_path / "rank_1").write_bytes(b"junk")
+    result = CliRunner().invoke(main, ["analyze", str(tmp_path)])
+    assert result.exit_code == 2 and "none of the 2 dump files could be read" in result.stderr
+
+
+def test_unreadable_file_is_refused(job_dir, monkeypatch):
+    """Root reads any file, so the permission error is injected where the reader opens the file."""
+    import importlib
+
+    load_mod = importlib.import_module("flightrec.load")  # the package exports a function of the same name
+
+    real = load_mod.read_dump
+
+    def deny(path):
+        if path.name.endswith("_7"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(load_mod, "read_dump", deny)
+    trace, _ = _quiet_load(job_dir, workers=1)
+    assert trace.missing_ranks == [7]
+    assert "Permission denied" in trace.dumps.filter(trace.dumps["rank"] == 7)["problems"][0][0]
+
+
+def test_one_gigabyte_of_junk_is_refused_fast(job_dir):
+    path = job_dir / "nccl_trace_rank_2"
+    with open(path, "wb") as fh:
+        fh.write(b"\x00\x01junk")
+        fh.truncate(1 << 30)  # sparse: costs no disk
+    trace, _ = _quiet_load(job_dir)
+    assert 2 in trace.missing_ranks
+
+
+def test_huge_json_is_refused_without_reading(job_dir):
+    path = job_dir / "nccl_trace_rank_2"
+    with open(path, "wb") as fh:
+        fh.write(b'{"entries": [')
+        fh.truncate((512 << 20) + 10)
+    trace, _ = _quiet_load(job_dir)
+    assert "too large" in trace.dumps.filter(trace.dumps["rank"] == 2)["problems"][0][0]
+
+
+def test_flightrec_error_is_a_value_error():
+    assert issubclass(FlightrecError, ValueError)
