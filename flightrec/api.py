@@ -14,6 +14,8 @@ from .locate import locate
 from .match import Matching, match
 from .report import DumpSummary, Report
 from .rootcause import diagnose
+from .timing import TimingOptions, analyze_timing
+from .timing import findings as timing_to_findings
 from .topology import resolve
 from .waits import build_waits
 
@@ -28,6 +30,7 @@ class AnalyzeOptions:
         topology_file: CSV `host,switch` to roll culprits up to switches.
         ranks_per_host: when nothing names hosts, ranks r..r+N-1 share host `host<k>`.
         pg: only consider process groups whose name or desc is this.
+        timing: straggler and slow-link thresholds.
         stage: called with a short message as each stage starts (progress display).
     """
 
@@ -36,6 +39,7 @@ class AnalyzeOptions:
     topology_file: str | os.PathLike | None = None
     ranks_per_host: int | None = None
     pg: str | None = None
+    timing: TimingOptions = field(default_factory=TimingOptions)
     stage: Callable[[str], None] | None = field(default=None, compare=False)
 
 
@@ -83,6 +87,12 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     w = build_waits(m, trace.entries)
     loc = locate(m, topo, exclude=set(w.waiting))
     verdict, summary, findings = diagnose(trace, m, w, loc, topo)
+    stage("reading timestamps")
+    timing = analyze_timing(m.units, trace.groups, topo, options.timing)
+    timing_findings = timing_to_findings(timing, trace.groups, topo)
+    findings = findings + timing_findings
+    if verdict == "healthy" and timing_findings:
+        summary += f"; warning: {timing_findings[0].message}"
 
     loaded = trace.dumps.filter(pl.col("loaded"))
     refused = trace.dumps.filter(~pl.col("loaded"))
@@ -99,4 +109,4 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
         warnings.warn(f"{refused.height} dump file(s) could not be read; see the report's 'dumps.refused'",
                       stacklevel=2)
     return Report(verdict=verdict, summary=summary, findings=findings, dumps=dumps, trace=trace, matching=m,
-                  waits=w, topology=topo)
+                  waits=w, topology=topo, timing=timing)

@@ -227,6 +227,27 @@ def groups(dump_dir, prefix, world_size, no_cache, workers, quiet):
 
 @main.command()
 @load_options
+@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="rank -> host map: CSV 'rank,host' with a header, or JSON {\"rank\": \"host\"}.")
+@click.option("--ranks-per-host", type=click.IntRange(min=1), help="Hosts hold N consecutive ranks each.")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per table.")
+@_guard
+def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, ranks_per_host, top):
+    """Lateness per rank and host (clock offsets removed), and slow groups, from the timestamps.
+
+    \b
+    Example:
+      flightrec timing dumps/ --ranks-per-host 8
+    """
+    from .timing import lateness_table
+
+    report = analyze(dump_dir, AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
+                                              hosts_file=hosts_file, ranks_per_host=ranks_per_host))
+    click.echo(lateness_table(report.timing, top=top))
+
+
+@main.command()
+@load_options
 @click.argument("out", type=click.Path(path_type=Path, file_okay=False))
 @_guard
 def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out):

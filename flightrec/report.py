@@ -83,6 +83,7 @@ class Report:
     matching: Any = field(default=None, repr=False, compare=False)
     waits: Any = field(default=None, repr=False, compare=False)
     topology: Any = field(default=None, repr=False, compare=False)
+    timing: Any = field(default=None, repr=False, compare=False)
 
     @property
     def root_causes(self) -> list[Finding]:

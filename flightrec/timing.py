@@ -1,0 +1,256 @@
+"""Stragglers and slow links, from the recorder's timestamps. Vectorized over matched collectives.
+
+Lateness: for each collective every member recorded, a member's lateness is its enqueue time minus the
+earliest member's. Hosts' clocks disagree, so first each host's clock offset is estimated from completion
+times (a collective ends at the same instant on every member: the spread of its discovered completion times
+is clock offset plus polling jitter) and removed. A straggler is a rank late on most of its collectives, by
+a margin far outside the spread of its peers. Without completion times (Gloo) offsets can't be separated from
+lateness; on one host there is nothing to separate.
+
+Slow collectives: a group whose collectives take much longer than the same op with the same shapes in its
+peer groups (same desc) is slow; the hosts (pairs) common to every slow group and to no fast one are the
+suspects, as in `locate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+
+import polars as pl
+
+from .topology import Topology
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimingOptions:
+    """Thresholds. A straggler must be late by at least `min_late_ms` and by `spread_factor` times the robust
+    spread of everyone's lateness, on at least `min_late_fraction` of its collectives (`min_collectives`+)."""
+
+    min_late_ms: float = 20.0
+    spread_factor: float = 5.0
+    min_late_fraction: float = 0.6
+    min_collectives: int = 5
+    slow_factor: float = 2.0
+    min_slow_ms: float = 5.0
+
+
+@dataclass(frozen=True)
+class TimingResult:
+    """Frames behind the timing findings (see `per_rank`, `per_host`, `lateness`)."""
+
+    lateness: pl.DataFrame          # (group, collective_seq_id, rank, late_ms): one row per member per collective
+    per_rank: pl.DataFrame          # rank, host, n, median_late_ms, late_fraction, straggler
+    per_host: pl.DataFrame          # host, ranks, median_late_ms, clock_offset_ms, straggler
+    clock_offsets: pl.DataFrame     # host, clock_offset_ms (removed before computing lateness)
+    slow_groups: pl.DataFrame       # group, op, median_ms, peer_median_ms, ratio
+    slow_hosts: list[str]
+    slow_links: list[list[str]]
+    threshold_ms: float
+
+
+def _instances(units: pl.DataFrame) -> pl.DataFrame:
+    """Collectives every present member enqueued, with at least two members timed."""
+    return (units.filter(pl.col("time_created_ns").is_not_null())
+            .with_columns(pl.len().over("group", "collective_seq_id").alias("_n"))
+            .filter(pl.col("_n") >= 2))
+
+
+def _cross_host(frame: pl.DataFrame) -> pl.DataFrame:
+    """Only collectives whose members sit on more than one host: inside one host there is no clock to
+    estimate and no host to blame."""
+    return frame.filter(pl.col("host").n_unique().over("group", "collective_seq_id") > 1)
+
+
+def clock_offsets(units: pl.DataFrame, hosts: pl.DataFrame, rounds: int = 3) -> pl.DataFrame:
+    """Per host, how far its clock is ahead, from completion times (a collective ends at one instant on every
+    member). Solved by a few rounds of: offset += median deviation from the collective's corrected median.
+    Only differences between hosts matter; offsets are centred on zero."""
+    done = _cross_host(units.filter(pl.col("time_completed_ns").is_not_null()).join(hosts, on="rank"))
+    if done.height == 0:
+        return pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64})
+    done = done.select("group", "collective_seq_id", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms"))
+    offsets = done.select("host").unique().with_columns(pl.lit(0.0).alias("clock_offset_ms"))
+    for _ in range(rounds):
+        dev = (done.join(offsets, on="host")
+               .with_columns((pl.col("_ms") - pl.col("clock_offset_ms")).alias("_c"))
+               .with_columns((pl.col("_c") - pl.col("_c").median().over("group", "collective_seq_id")).alias("_d")))
+        step = dev.group_by("host").agg(pl.col("_d").median().alias("_step"))
+        offsets = offsets.join(step, on="host").select(
+            "host", (pl.col("clock_offset_ms") + pl.col("_step")).alias("clock_offset_ms"))
+    return offsets.with_columns(pl.col("clock_offset_ms") - pl.col("clock_offset_ms").median()).sort("host")
+
+
+def lateness(units: pl.DataFrame, hosts: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
+    inst = _instances(units).join(hosts, on="rank", how="left").join(offsets, on="host", how="left")
+    inst = inst.with_columns(
+        (pl.col("time_created_ns") - (pl.col("clock_offset_ms").fill_null(0.0) * 1e6)).alias("_t"))
+    return inst.select(
+        "group", "collective_seq_id", "rank", "host",
+        ((pl.col("_t") - pl.col("_t").min().over("group", "collective_seq_id")) / 1e6).alias("late_ms"),
+    )
+
+
+def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, float]:
+    """Per rank and per host lateness, with a significance threshold from everyone's spread."""
+    med_all = late["late_ms"].median() or 0.0
+    mad = (late["late_ms"] - med_all).abs().median() or 0.0
+    threshold = max(opts.min_late_ms, med_all + opts.spread_factor * 1.4826 * mad)
+    per_rank = (
+        late.group_by("rank").agg(
+            pl.col("host").first(),
+            pl.len().alias("n"),
+            pl.col("late_ms").median().alias("median_late_ms"),
+            (pl.col("late_ms") > threshold / 2).mean().alias("late_fraction"),
+            pl.col("group").unique().sort().alias("groups"),
+        )
+        .with_columns(((pl.col("median_late_ms") > threshold) & (pl.col("late_fraction") >= opts.min_late_fraction)
+                       & (pl.col("n") >= opts.min_collectives)).alias("straggler"))
+        .sort("rank")
+    )
+    # A whole host that is late is late against other hosts: judge it on cross-host collectives only.
+    per_host = (
+        _cross_host(late.filter(pl.col("host").is_not_null())).group_by("host").agg(
+            pl.col("rank").unique().sort().alias("ranks"),
+            pl.len().alias("n"),
+            pl.col("late_ms").median().alias("median_late_ms"),
+            (pl.col("late_ms") > threshold / 2).mean().alias("late_fraction"),
+        )
+        .with_columns(((pl.col("median_late_ms") > threshold) & (pl.col("late_fraction") >= opts.min_late_fraction)
+                       & (pl.col("n") >= opts.min_collectives) & (pl.col("ranks").list.len() > 1)).alias("straggler"))
+        .select("host", "ranks", "median_late_ms", "straggler")
+        .sort("host")
+    )
+    return per_rank, per_host, threshold
+
+
+def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
+    """Per group and op: median time, the peers' baseline, and `slow` when `slow_factor` x longer than the same
+    op and shapes in peer groups. Groups without peers are not judged."""
+    timed = units.filter(pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
+    if timed.height == 0:
+        return pl.DataFrame(schema={"group": pl.String, "op": pl.String, "median_ms": pl.Float64,
+                                    "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
+    # the collective's own time: from the last member's arrival to the completion (waiting is not slowness)
+    per_inst = (timed.group_by("group", "collective_seq_id")
+                .agg(pl.col("op").first(), pl.col("input_sizes").first().cast(pl.String).alias("_shape"),
+                     ((pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6).alias("ms")))
+    per_group = (per_inst.join(groups.select("group", "pg_desc"), on="group", how="left")
+                 .group_by("group", "pg_desc", "op", "_shape").agg(pl.col("ms").median().alias("median_ms")))
+    per_group = per_group.with_columns(
+        # baseline: the lower quartile of peer groups, so a slow half doesn't drag the baseline up with it
+        pl.col("median_ms").quantile(0.25, "lower").over("pg_desc", "op", "_shape").alias("peer_median_ms"),
+        pl.len().over("pg_desc", "op", "_shape").alias("_peers"))
+    return (per_group.filter(pl.col("_peers") >= 2)
+            .with_columns((pl.col("median_ms") / pl.col("peer_median_ms")).alias("ratio"))
+            .with_columns(((pl.col("ratio") >= opts.slow_factor)
+                           & (pl.col("median_ms") - pl.col("peer_median_ms") >= opts.min_slow_ms)).alias("slow"))
+            .select("group", pl.col("op").cast(pl.String), "median_ms", "peer_median_ms", "ratio", "slow")
+            .sort("group", "op"))
+
+
+def _localize(speeds: pl.DataFrame, units: pl.DataFrame, topo: Topology) -> tuple[list[str], list[list[str]]]:
+    """Group testing: slow groups are positives, judged groups that are not slow are negatives."""
+    if not speeds["slow"].any() or not topo.host_of:
+        return [], []
+    hosts = topo.frame()
+    host_sets = (units.select("group", "rank").unique().join(hosts, on="rank")
+                 .group_by("group").agg(pl.col("host").unique()))
+    slow_set = set(speeds.filter(pl.col("slow"))["group"].to_list())
+    judged = set(speeds["group"].to_list())
+    slow_hosts = [set(h) for g, h in host_sets.iter_rows() if g in slow_set]
+    fast_hosts = [set(h) for g, h in host_sets.iter_rows() if g in judged - slow_set and len(h) > 1]
+    common = sorted(set.intersection(*slow_hosts)) if slow_hosts else []
+    links = [[a, b] for a, b in combinations(common, 2) if not any(a in s and b in s for s in fast_hosts)]
+    if len(links) == 1:
+        return [], links
+    singles = [h for h in common if not any(h in s for s in fast_hosts)]
+    return (singles, []) if len(singles) == 1 else ([], [])
+
+
+def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
+                   opts: TimingOptions | None = None) -> TimingResult:
+    opts = opts or TimingOptions()
+    hosts = topo.frame()
+    offsets = clock_offsets(units, hosts)
+    late = lateness(units, hosts, offsets)
+    per_rank, per_host, threshold = stragglers(late, opts)
+    # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
+    # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
+    if per_rank["straggler"].any():
+        per_host = per_host.with_columns(pl.lit(False).alias("straggler"))
+    per_host = per_host.join(offsets, on="host", how="left")
+    speeds = group_speeds(units, groups, opts)
+    slow_hosts, slow_links = _localize(speeds, units, topo)
+    return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
+                        slow_groups=speeds.filter(pl.col("slow")).drop("slow"), slow_hosts=slow_hosts,
+                        slow_links=slow_links, threshold_ms=threshold)
+
+
+def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list:
+    """Straggler and slow-link findings (role warning)."""
+    from .load import format_ranks
+    from .report import Finding
+
+    desc = dict(groups.select("group", pl.col("pg_desc").fill_null("")).iter_rows())
+    out = []
+    host_stragglers = result.per_host.filter(pl.col("straggler"))
+    covered: set[int] = set()
+    for host, ranks, med, *_ in host_stragglers.select("host", "ranks", "median_late_ms").iter_rows():
+        covered |= set(ranks)
+        out.append(Finding(
+            kind="straggler", role="warning", ranks=list(ranks), hosts=[host],
+            message=(f"host {host} is a straggler: its {len(ranks)} ranks ({format_ranks(ranks)}) enqueue their "
+                     f"collectives {med:,.0f} ms after their peers (median), clock offset removed"),
+            evidence={"median_late_ms": round(med, 3), "threshold_ms": round(result.threshold_ms, 3)},
+        ))
+    for row in result.per_rank.filter(pl.col("straggler")).iter_rows(named=True):
+        if row["rank"] in covered:
+            continue
+        descs = sorted({desc.get(g, "") for g in row["groups"]} - {""})
+        where = f" in {', '.join(descs)} groups" if descs else ""
+        host = f" (host {row['host']})" if row["host"] else ""
+        out.append(Finding(
+            kind="straggler", role="warning", ranks=[row["rank"]], hosts=[row["host"]] if row["host"] else [],
+            message=(f"rank {row['rank']}{host} is a straggler: it enqueues its collectives "
+                     f"{row['median_late_ms']:,.0f} ms after the first of its peers (median), late on "
+                     f"{row['late_fraction']:.0%} of {row['n']} collectives{where}"),
+            evidence={"median_late_ms": round(row["median_late_ms"], 3), "late_fraction": round(row["late_fraction"], 3),
+                      "collectives": row["n"], "threshold_ms": round(result.threshold_ms, 3)},
+        ))
+    if result.slow_groups.height:
+        slow = result.slow_groups
+        what = (f"collectives in {slow['group'].n_unique()} group(s) take {slow['ratio'].median():.1f}x longer "
+                f"than the same ops in their peer groups (median {slow['median_ms'].median():,.1f} ms vs "
+                f"{slow['peer_median_ms'].median():,.1f} ms)")
+        if result.slow_links:
+            a, b = result.slow_links[0]
+            message = f"slow link {a} <-> {b}: {what}; every slow group spans both hosts, no fast one does"
+        elif result.slow_hosts:
+            message = f"slow host {result.slow_hosts[0]}: {what}; it is in every slow group and in no fast one"
+        else:
+            message = f"{what}; not narrowed to one host or link"
+        out.append(Finding(
+            kind="slow_link", role="warning", hosts=result.slow_hosts, links=result.slow_links, message=message,
+            evidence={"slow_groups": slow["group"].to_list()[:50], "ratio": round(slow["ratio"].median(), 2)},
+        ))
+    return out
+
+
+def lateness_table(result: TimingResult, top: int = 20) -> str:
+    """Text for `flightrec timing`: the latest ranks, the hosts, clock offsets, slow groups."""
+    from .views import text_table
+
+    parts = [f"Lateness threshold: {result.threshold_ms:,.1f} ms (median + spread of all ranks, at least the minimum)",
+             "", "Ranks, latest first:"]
+    ranks = (result.per_rank.sort("median_late_ms", descending=True).head(top)
+             .select("rank", "host", "n", pl.col("median_late_ms").round(2), pl.col("late_fraction").round(2),
+                     "straggler"))
+    parts.append(text_table(ranks))
+    if result.per_host.height:
+        parts += ["", "Hosts:", text_table(result.per_host.select(
+            "host", pl.col("ranks").list.len().alias("n_ranks"), pl.col("median_late_ms").round(2),
+            pl.col("clock_offset_ms").round(2), "straggler").sort("median_late_ms", descending=True).head(top))]
+    if result.slow_groups.height:
+        parts += ["", "Slow groups:", text_table(result.slow_groups.with_columns(pl.col(pl.Float64).round(2)))]
+    return "\n".join(parts)

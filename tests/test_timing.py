@@ -1,0 +1,79 @@
+"""Stragglers, slow links and clock offsets, on synthetic NCCL jobs and the real Gloo straggler fixture."""
+
+import warnings
+
+import pytest
+from click.testing import CliRunner
+
+from flightrec import analyze, synth
+from flightrec.cli import main
+
+from .conftest import FIXTURES, recorded_cases
+
+
+def _timing_findings(report):
+    return [(f.kind, f.ranks, f.hosts, [list(x) for x in f.links]) for f in report.findings
+            if f.kind in ("straggler", "slow_link")]
+
+
+def _run(make_job, kind, rank=0, hosts=(), **job):
+    layout = dict(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2) | job
+    out, _ = make_job(synth.Job(**layout, fault=synth.Fault(kind=kind, rank=rank, hosts=hosts, offset_ms=500)),
+                      per_host_folders=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(out)
+
+
+def test_straggler_rank(make_job):
+    report = _run(make_job, "straggler", rank=3)
+    assert _timing_findings(report) == [("straggler", [3], ["node00001"], [])]
+    assert report.verdict == "healthy" and "straggler" in report.summary
+    finding = next(f for f in report.findings if f.kind == "straggler")
+    assert finding.role == "warning" and 140 < finding.evidence["median_late_ms"]
+
+
+def test_straggler_host(make_job):
+    report = _run(make_job, "straggler_host", hosts=("node00001",))
+    assert _timing_findings(report) == [("straggler", [2, 3], ["node00001"], [])]
+
+
+def test_slow_link(make_job):
+    report = _run(make_job, "slow_link", hosts=("node00000", "node00002"))
+    assert _timing_findings(report) == [("slow_link", [], [], [["node00000", "node00002"]])]
+
+
+def test_clock_offset_is_not_a_straggler(make_job):
+    report = _run(make_job, "clock_offset", hosts=("node00001",))
+    assert _timing_findings(report) == []
+    offsets = dict(report.timing.clock_offsets.iter_rows())
+    assert 400 < offsets["node00001"] - offsets["node00000"] < 600
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_healthy_job_has_no_timing_findings(make_job, timing):
+    assert _timing_findings(_run(make_job, "none", timing=timing, tp=4, dp=3)) == []
+
+
+def test_real_gloo_straggler_fixture():
+    report = analyze(FIXTURES / "straggler")
+    stragglers = [f for f in report.findings if f.kind == "straggler"]
+    assert [f.ranks for f in stragglers] == [[2]]
+    assert 100 < stragglers[0].evidence["median_late_ms"] < 250
+
+
+@pytest.mark.parametrize("case", [c for c in recorded_cases() if c != "straggler"])
+def test_no_false_positive_on_any_other_fixture(case):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert _timing_findings(analyze(FIXTURES / case)) == []
+
+
+def test_timing_command(make_job, tmp_path):
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2,
+                                fault=synth.Fault(kind="straggler", rank=3)), per_host_folders=True)
+    result = CliRunner().invoke(main, ["timing", str(out)])
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    first_rank_row = lines[lines.index("Ranks, latest first:") + 2]
+    assert first_rank_row.split()[0] == "3" and first_rank_row.split()[-1] == "True"
