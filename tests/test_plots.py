@@ -1,0 +1,59 @@
+"""Each plot helper returns a figure whose marks say what the report says."""
+
+import warnings
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from flightrec import analyze, plots, synth  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plots") / "job"
+    synth.generate(synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="not_joined", rank=6)),
+                   out, per_host_folders=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(out)
+
+
+def test_host_grid_colours_the_culprit(report):
+    fig = plots.host_grid(report)
+    hosts, grid, order = fig.flightrec_grid
+    assert hosts == ["node00000", "node00001", "node00002", "node00003"]
+    assert order[int(grid[1, 2])] == "culprit"          # rank 6 = host node00001, local rank 2
+    assert order[int(grid[1, 3])] == "waiting"
+    assert sum(order[int(v)] == "culprit" for v in grid.flat) == 1
+
+
+def test_progress_heatmap_shows_where_the_culprit_stopped(report):
+    fig = plots.progress_heatmap(report)
+    ranks, seqs, grid, order = fig.flightrec_grid
+    seq = report.root_causes[0].collective_seq_id
+    assert order[int(grid[ranks.index(6), seqs.index(seq)])] == "not joined"
+    assert order[int(grid[ranks.index(4), seqs.index(seq)])] == "in flight"
+    assert order[int(grid[ranks.index(4), seqs.index(seq) - 1])] == "completed"
+
+
+def test_wait_graph_points_at_the_culprit(report):
+    g = plots.wait_graph(report).flightrec_graph
+    assert g.nodes["rank 6"]["kind"] == "culprit"
+    waiting = [n for n in g.nodes if g.nodes[n]["kind"] == "waiting"]
+    assert waiting and all(g.has_edge(n, "rank 6") for n in waiting)
+    assert sum(len(g.nodes[n]["ranks"]) for n in waiting) == 15
+
+
+def test_timeline_draws_one_bar_per_entry(report):
+    fig = plots.timeline(report, ranks=[4, 6], last=5)
+    bars = fig.axes[0].patches
+    assert len(bars) == 10
+    assert any(b.get_edgecolor()[:3] == (0.0, 0.0, 0.0) for b in bars)  # rank 4's unfinished all_gather
+
+
+def test_lateness_plot_has_a_line_per_rank(report):
+    fig = plots.lateness(report, ranks=[0, 6])
+    assert [line.get_label() for line in fig.axes[0].lines][:2] == ["rank 0", "rank 6"]
