@@ -7,6 +7,7 @@ columns instead of pickles. This module interprets nothing: it reads, renames an
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing
 import os
@@ -153,7 +154,21 @@ def _refused(rank: int, reason: str) -> dict:
 
 
 def _parse_chunk(items: list[tuple[str, int]]) -> dict:
-    """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces."""
+    """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces.
+
+    The cyclic garbage collector is paused meanwhile: unpickling allocates millions of dicts and lists, and
+    each allocation burst would trigger a full scan (~40% of the time) of objects that hold no cycles and
+    are dropped as soon as the file is flattened."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_chunk_inner(items)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _parse_chunk_inner(items: list[tuple[str, int]]) -> dict:
     metas, tables, cfg, status, stacks = [], [], [], [], {}
     for path, rank in items:
         out = _parse_one(path, rank)

