@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from .discover import DumpFile
     from .load import LoadOptions
 
-_TABLES = ("dumps", "entries", "pg_config", "pg_status", "stacks")
+TABLES = ("dumps", "entries", "pg_config", "pg_status", "stacks")
+MANIFEST = "flightrec-tables.json"
 
 
 def cache_root(options: "LoadOptions") -> Path:
@@ -46,17 +47,40 @@ def _fingerprint(files: list["DumpFile"]) -> str:
     return h.hexdigest()
 
 
-def read(files: list["DumpFile"], root: str, options: "LoadOptions") -> dict[str, pl.DataFrame] | None:
-    folder = _folder(root, options)
-    manifest = folder / "manifest.json"
+def write_tables(raw: dict[str, pl.DataFrame], folder: Path, manifest: dict) -> None:
+    """Write the raw tables and a manifest into `folder`, atomically (readers see old or new, never half)."""
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
     try:
-        meta = json.loads(manifest.read_text())
+        for name in TABLES:
+            raw[name].write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False)
+        (tmp / MANIFEST).write_text(json.dumps({**manifest, "format": CACHE_FORMAT_VERSION}))
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_tables(folder: Path) -> dict[str, pl.DataFrame]:
+    return {name: pl.read_parquet(folder / f"{name}.parquet") for name in TABLES}
+
+
+def read_manifest(folder: Path) -> dict | None:
+    try:
+        meta = json.loads((folder / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("fingerprint") != _fingerprint(files):
+    return meta if meta.get("format") == CACHE_FORMAT_VERSION else None
+
+
+def read(files: list["DumpFile"], root: str, options: "LoadOptions") -> dict[str, pl.DataFrame] | None:
+    folder = _folder(root, options)
+    meta = read_manifest(folder)
+    if meta is None or meta.get("fingerprint") != _fingerprint(files):
         return None
     try:
-        return {name: pl.read_parquet(folder / f"{name}.parquet") for name in _TABLES}
+        return read_tables(folder)
     except Exception as exc:  # a damaged cache is rebuilt, never trusted
         warnings.warn(f"cache at {folder} is unreadable ({exc}); rebuilding it", stacklevel=3)
         return None
@@ -64,18 +88,8 @@ def read(files: list["DumpFile"], root: str, options: "LoadOptions") -> dict[str
 
 def write(raw: dict[str, pl.DataFrame], files: list["DumpFile"], root: str, options: "LoadOptions") -> None:
     folder = _folder(root, options)
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     try:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name in _TABLES:
-            raw[name].write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False)
-        (tmp / "manifest.json").write_text(json.dumps({
-            "fingerprint": _fingerprint(files), "root": os.path.realpath(root), "files": len(files),
-            "format": CACHE_FORMAT_VERSION,
-        }))
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)  # readers see the old cache or the new one, never half of one
+        write_tables(raw, folder, {"fingerprint": _fingerprint(files), "root": os.path.realpath(root),
+                                   "files": len(files)})
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         warnings.warn(f"could not write the cache at {folder} ({exc}); pass --no-cache to skip it", stacklevel=3)

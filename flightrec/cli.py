@@ -249,19 +249,31 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
 @main.command()
 @load_options
 @click.argument("out", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--shard-only", is_flag=True,
+              help="Only the parsed tables (a shard for `analyze`), not the matching frames: for one host's dumps.")
+@click.option("--host", help="Host name to record for these dumps when their names don't say (e.g. $(hostname)).")
 @_guard
-def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out):
-    """Export every frame (entries, groups, matching...) as Parquet files into OUT.
+def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_only, host):
+    """Export dumps as Parquet into OUT: the parsed tables (a shard `analyze` reads without any pickle) and,
+    unless --shard-only, every analysis frame (groups, collectives, progress, p2p...) for other tools.
 
     \b
-    Example:
+    Examples:
       flightrec convert dumps/ dumps_parquet/
+      flightrec convert /tmp/fr shards/$(hostname) --shard-only --host $(hostname)   # on each host
+      flightrec analyze shards/                                                   # anywhere
     """
     from . import views
+    from .load import load_raw
+    from .shards import write_shard
 
-    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
-    written = views.export_parquet(trace, run_match(trace), out)
-    click.echo(f"wrote {len(written)} Parquet files to {out}: {', '.join(p.name for p in written)}")
+    opts = _load_opts(prefix, world_size, no_cache, workers, None)
+    write_shard(load_raw(dump_dir, opts), out, source=str(dump_dir), host=host)
+    written = ["dumps", "entries", "pg_config", "pg_status", "stacks"]
+    if not shard_only:
+        trace = load(out, opts)
+        written += [p.stem for p in views.export_parquet(trace, run_match(trace), out / "frames")]
+    click.echo(f"wrote {len(written)} Parquet tables to {out}: {', '.join(written)}")
 
 
 if __name__ == "__main__":

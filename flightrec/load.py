@@ -25,6 +25,7 @@ from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
 from .flatten import flatten_dump, normalize_entries
 from .readers import read_dump
+from .shards import find_shards, read_shards
 from .schema import DUMPS, ENTRIES, GROUPS, MEMBERS, MEMBERSHIPS, PG_STATUS, RAW_PG_CONFIG, STACKS, conform, empty
 
 
@@ -306,7 +307,7 @@ def _inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: 
     return conform(used, GROUPS)
 
 
-def assemble(raw: dict[str, pl.DataFrame], files: list[DumpFile], root: str, world_size: int | None) -> Trace:
+def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) -> Trace:
     """Raw per-file tables -> the typed, joined Trace. Vectorized; runs on cached tables too."""
     dumps, entries, pg_config = raw["dumps"], raw["entries"], raw["pg_config"]
     # Gloo writes one config with an empty name (`{'': {'name': '', 'ranks': '[0, 1, 2, 3]'}}`): it can't be
@@ -381,18 +382,28 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
         FlightrecError: the path holds no dump, or no dump could be read.
     """
     options = options or LoadOptions()
-    files = discover(path, options.prefix)
     root = str(path)
-
-    raw = _cache.read(files, root, options) if options.use_cache else None
-    if raw is None:
-        raw = _assemble_raw(files, _parse_all(files, options))
-        if options.use_cache:
-            _cache.write(raw, files, root, options)
+    shards = find_shards(path)
+    if shards:
+        raw = read_shards(shards)  # converted next to the job: Parquet only, no pickle to parse
+    else:
+        raw = load_raw(path, options)
 
     for rank, problems in zip(raw["dumps"]["rank"].to_list(), raw["dumps"]["problems"].to_list()):
         for problem in problems:
             warnings.warn(f"rank {rank}: {problem}", stacklevel=2)
     if not raw["dumps"]["loaded"].any():
-        raise NoDumpsError(f"{root}: none of the {len(files)} dump files could be read; see the warnings above")
-    return assemble(raw, files, root, options.world_size)
+        raise NoDumpsError(f"{root}: none of the {raw['dumps'].height} dump files could be read; see the warnings above")
+    return assemble(raw, root, options.world_size)
+
+
+def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.DataFrame]:
+    """Per-file tables for every dump under `path`, from the cache when it is current."""
+    files = discover(path, options.prefix)
+    root = str(path)
+    raw = _cache.read(files, root, options) if options.use_cache else None
+    if raw is None:
+        raw = _assemble_raw(files, _parse_all(files, options))
+        if options.use_cache:
+            _cache.write(raw, files, root, options)
+    return raw

@@ -140,7 +140,31 @@ def test_load_entries_stacks_groups_convert(runner, hung, tmp_path):
     assert "not_joined" in groups and "default_pg" in groups
     out = tmp_path / "pq"
     result = runner.invoke(main, ["convert", str(hung), str(out)])
-    assert result.exit_code == 0 and (out / "entries.parquet").exists() and (out / "collectives.parquet").exists()
+    assert result.exit_code == 0 and (out / "entries.parquet").exists()
+    assert (out / "frames" / "collectives.parquet").exists()
+    # the export is itself a shard: analysing it reads Parquet only and gives the same answer
+    a = json.loads(runner.invoke(main, ["analyze", str(out), "-f", "json"]).stdout)
+    b = json.loads(runner.invoke(main, ["analyze", str(hung), "-f", "json"]).stdout)
+    assert a["culprits"] == b["culprits"] and a["summary"] == b["summary"]
+
+
+def test_per_host_shards_analysed_from_parquet_only(runner, make_job, tmp_path):
+    """Each host converts its own dumps next to the job; the analysis reads only the shards."""
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="not_joined", rank=9))
+    dumps, _ = make_job(job, per_host_folders=True)
+    shards = tmp_path / "shards"
+    for host_dir in sorted(dumps.iterdir()):
+        flat = tmp_path / "on_host" / host_dir.name       # what the host itself sees: no host in the path
+        flat.mkdir(parents=True)
+        for f in host_dir.iterdir():
+            (flat / f.name).write_bytes(f.read_bytes())
+        result = runner.invoke(main, ["convert", str(flat), str(shards / host_dir.name), "--shard-only",
+                                      "--host", host_dir.name])
+        assert result.exit_code == 0, result.stderr
+    assert not list(shards.rglob("nccl_trace_rank_*"))
+    data = json.loads(runner.invoke(main, ["analyze", str(shards), "-f", "json"]).stdout)
+    assert data["culprits"] == {"ranks": [9], "hosts": ["node00002"], "links": []}
+    assert data["dumps"]["loaded"] == 16
 
 
 def test_every_command_has_help_with_an_example_and_a_readme_mention(runner):
