@@ -136,9 +136,9 @@ class Report:
                     lines.append(f"      {key}: {value}")
         stacks = [(f, s) for f in self.root_causes for s in f.stacks]
         if stacks:
-            lines += ["", "Stack of the culprit's last entry:"]
+            lines += ["", "Stack of the culprit's last entry (innermost first):"]
             for f, s in stacks[:4]:
-                lines.append(f"  rank {s['rank']} ({s['what']}):")
+                lines.append(f"  rank {s['rank']}, last entry {s['what']}:")
                 for frame in s["frames"][:12]:
                     lines.append(f"    {frame['name']} at {frame['filename']}:{frame['line']}")
         return "\n".join(lines).rstrip() + "\n"
@@ -170,7 +170,7 @@ class Report:
         stacks = [s for f in self.root_causes for s in f.stacks]
         if stacks:
             s = stacks[0]
-            lines += ["", f"<details><summary>Stack of rank {s['rank']} ({s['what']})</summary>", "", "```"]
+            lines += ["", f"<details><summary>Stack of rank {s['rank']}, last entry {s['what']}</summary>", "", "```"]
             lines += [f"{fr['name']} at {fr['filename']}:{fr['line']}" for fr in s["frames"][:12]]
             lines += ["```", "</details>"]
         return "\n".join(lines) + "\n"

@@ -99,7 +99,7 @@ def _mismatch_findings(ctx: _Context) -> list[Finding]:
             evidence={"mismatch": status, "majority": row["majority"], "minority": row["minority"],
                       "ambiguous": row["ambiguous"], "later_mismatches_in_group": row["later_mismatches"],
                       "waiting_ranks": len(waiting)},
-            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, f"{op} #{seq}")],
+            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
     return out
 
@@ -145,7 +145,7 @@ def _wrong_peer_finding(ctx: _Context, row: dict, b: int) -> Finding:
         evidence={"sent_to": c, "expected_by": b, "shape": str(row["send_sizes"]),
                   "hosts_of_the_two_ends": ctx.topo.hosts([a]) + ctx.topo.hosts([b]),
                   "waiting_ranks": len(ctx.w.waiters_of([a]))},
-        stacks=ctx.stack_of(a, "send"),
+        stacks=ctx.stack_of(a, ctx.describe_last(a)),
     )
 
 
@@ -162,7 +162,7 @@ def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:
             kind="deadlock", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             evidence={"groups": groups, "last_entries": {str(r): d for r, d in doing.items()},
                       "waiting_ranks": len(ctx.w.waiters_of(ranks))},
-            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, "last entry")],
+            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
     return out
 
@@ -207,7 +207,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
             kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
             evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing)},
-            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, "last entry")],
+            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
     return out
 
@@ -302,13 +302,16 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
     return out
 
 
-def _warning_findings(ctx: _Context, reported_missing: set[int]) -> list[Finding]:
+def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[int]) -> list[Finding]:
     out = []
     missing = [r for r in ctx.trace.missing_ranks if r not in reported_missing]
     if missing:
+        waited_on = [r for r in missing if ctx.w.waiters_of([r])]
+        why = ("the ranks waiting on it are stuck in the root cause above" if waited_on and
+               set(ctx.w.waiters_of(waited_on)) <= explained else
+               f"no loaded rank is provably waiting on {'it' if len(missing) == 1 else 'them'}")
         out.append(Finding(kind="missing_dump", role="warning", ranks=missing, hosts=ctx.topo.hosts(missing),
-                           message=f"{ctx.ranks_label(missing)} left no dump; no loaded rank is provably waiting on "
-                                   f"{'it' if len(missing) == 1 else 'them'}",
+                           message=f"{ctx.ranks_label(missing)} left no dump; {why}",
                            evidence={"missing_ranks": missing}))
     versions = sorted(v for v in ctx.trace.dumps["version"].drop_nulls().unique().to_list())
     if len(versions) > 1:
@@ -357,9 +360,10 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
 
     findings = [f for f in roots if f.role == "root_cause"] + [f for f in stuck_findings if f.role == "root_cause"]
     culprits = {r for f in findings for r in f.ranks}
-    symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits)
+    # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
+    symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
-    warnings = _warning_findings(ctx, reported_missing)
+    warnings = _warning_findings(ctx, reported_missing, explained)
     findings += symptoms + warnings
 
     if any(f.role == "root_cause" for f in findings):
