@@ -1,0 +1,73 @@
+"""Differential test against PyTorch's analyzer (torchfrtrace, torch 2.13), from its recorded output on the
+same fixtures (fixtures/<case>/torchfrtrace.txt; tests don't need torch).
+
+Section 1 of each golden is torchfrtrace on the unmodified dumps; section 2 on a copy whose Gloo pg_config
+was rebuilt by hand (it can't read Gloo's). Where it is right we must agree; where it crashes or is wrong
+we must be right."""
+
+import re
+import warnings
+
+import pytest
+
+from flightrec import analyze
+
+from .conftest import FIXTURES, expected, recorded_cases
+
+
+def golden(case: str) -> tuple[str, str]:
+    text = (FIXTURES / case / "torchfrtrace.txt").read_text()
+    first, _, second = text.partition("## 2.")
+    return first, second
+
+
+def _analyze(case):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(FIXTURES / case)
+
+
+@pytest.mark.parametrize("case", [c for c in recorded_cases()] + ["healthy_json", "skip_collective_json"])
+def test_torchfrtrace_crashes_on_every_unmodified_gloo_dump_we_read(case):
+    first, _ = golden(case)
+    assert "Traceback" in first and "[exit code: 1]" in first
+    report = _analyze(case)  # ours reads them as they are
+    assert report.dumps.loaded > 0
+
+
+@pytest.mark.parametrize("case", ["skip_collective", "skip_collective_after_error"])
+def test_agree_where_it_is_right_not_joined(case):
+    _, second = golden(case)
+    seq = int(re.search(r"Not all ranks joining collective, sequence number: (\d+)", second)[1])
+    missing = sorted(int(x) for x in re.search(r"missing ranks: \{([\d, ]+)\}", second)[1].split(","))
+    report = _analyze(case)
+    root = report.root_causes[0]
+    assert (root.kind, root.ranks, root.collective_seq_id) == ("not_joined", missing, seq)
+
+
+@pytest.mark.parametrize("case", ["type_mismatch", "size_mismatch", "dtype_mismatch"])
+def test_agree_where_it_is_right_mismatch(case):
+    _, second = golden(case)
+    culprit = int(re.search(r"Culprit rank (\d+)", second)[1])
+    assert _analyze(case).culprits["ranks"] == [culprit] == expected(case)["fault"]["ranks"]
+
+
+def test_subgroups_it_reports_symptoms_first_we_name_the_root():
+    _, second = golden("subgroups_per_host")
+    groups_reported = re.findall(r"group info: (\S+)", second)
+    assert groups_reported[0].endswith(":dp")               # its first word is a symptom (dp waits)
+    report = _analyze("subgroups_per_host")
+    assert report.culprits["ranks"] == [5] and report.root_causes[0].process_group.desc == "tp"
+
+
+def test_dead_rank_it_cannot_decide_we_name_the_missing_rank():
+    _, second = golden("dead_rank")
+    assert "cannot decide" in second and "Culprit" not in second
+    assert _analyze("dead_rank").culprits["ranks"] == [3]
+
+
+def test_straggler_it_does_not_see():
+    _, second = golden("straggler")
+    output = [ln for ln in second.splitlines() if ln and not ln.startswith(("$", "#", "[exit", "tabulate"))]
+    assert output == []  # silent: it has no notion of lateness
+    assert [f.ranks for f in _analyze("straggler").findings if f.kind == "straggler"] == [[2]]
