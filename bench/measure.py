@@ -14,7 +14,19 @@ import psutil
 def run(code: str, timeout: float = 3600) -> dict:
     """Execute `code` in `python -c`; it must print one JSON line with at least {"s": seconds}.
     Adds "peak_rss" (bytes, main process plus its workers, sampled every 20 ms)."""
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return run_argv([sys.executable, "-c", code], timeout)
+
+
+def run_command(argv: list[str], timeout: float = 3600) -> dict:
+    """Time any command from outside (wall clock, peak RSS); its output is not parsed."""
+    start = time.perf_counter()
+    result = run_argv(argv, timeout, parse=False)
+    result["s"] = time.perf_counter() - start
+    return result
+
+
+def run_argv(argv: list[str], timeout: float = 3600, parse: bool = True) -> dict:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ps = psutil.Process(proc.pid)
     peak = 0
     start = time.monotonic()
@@ -29,6 +41,8 @@ def run(code: str, timeout: float = 3600) -> dict:
             raise TimeoutError(code)
         time.sleep(0.02)
     out, err = proc.communicate()
+    if not parse:
+        return {"peak_rss": peak, "returncode": proc.returncode, "stdout": out, "stderr": err}
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
