@@ -21,8 +21,17 @@ _SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".bin")
 _TRAILING_RANK = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 _SEPARATORS = "._-"
 CACHE_DIR_NAME = ".flightrec-cache"
-# Files that sit beside dumps and are never dumps themselves: skipped without a warning.
-_NOT_DUMPS = {".txt", ".md", ".log", ".py", ".csv", ".yaml", ".yml", ".sh", ".ipynb", ".html", ".parquet"}
+_PICKLE_OR_GZIP = (b"\x80", b"\x1f\x8b")
+
+
+def _looks_binary_dump(path: Path) -> bool:
+    """A skipped file is worth a warning when it starts like a pickle or gzip dump (notes, logs and JSON
+    reports beside the dumps are skipped quietly)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2).startswith(_PICKLE_OR_GZIP)
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
             candidates.append((path, match["prefix"], int(match["rank"])))
         else:
             skipped.append(path)
-    noteworthy = [p for p in skipped if p.suffix.lower() not in _NOT_DUMPS]
+    noteworthy = [p for p in skipped if _looks_binary_dump(p)]
     if candidates and noteworthy:
         names = ", ".join(p.name for p in noteworthy[:5]) + (", ..." if len(noteworthy) > 5 else "")
         warnings.warn(f"ignored {len(noteworthy)} file(s) whose name has no rank number: {names} "
