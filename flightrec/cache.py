@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .discover import DumpFile
     from .load import LoadOptions
 
-TABLES = ("dumps", "entries", "pg_config", "pg_status", "stacks")
+TABLES = ("dumps", "entries", "pg_config", "rank_lists", "pg_status", "stacks")
 MANIFEST = "flightrec-tables.json"
 
 

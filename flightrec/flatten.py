@@ -215,6 +215,7 @@ def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int
 def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
     """Columns for one rank's dump: {'meta', 'entries', 'pg_config', 'pg_status', 'stacks'}."""
     problems: list[str] = []
+    rank_lists: dict[int, str] = {}
     version = _as_str(dump.get("version"))
     if version is None:
         problems.append("no 'version' field")
@@ -291,13 +292,14 @@ def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
     return {
         "meta": meta,
         "entries": entries_table,
-        "pg_config": _pg_config_rows(dump.get("pg_config"), rank, problems),
+        "pg_config": _pg_config_rows(dump.get("pg_config"), rank, problems, rank_lists),
+        "rank_lists": rank_lists,
         "pg_status": _pg_status_rows(dump.get("pg_status"), rank, problems),
         "stacks": stacks,
     }
 
 
-def _pg_config_rows(pg_config: Any, rank: int, problems: list[str]) -> list[tuple]:
+def _pg_config_rows(pg_config: Any, rank: int, problems: list[str], rank_lists: dict[int, str]) -> list[tuple]:
     if pg_config is None:
         return []
     if not isinstance(pg_config, dict):
@@ -315,7 +317,13 @@ def _pg_config_rows(pg_config: Any, rank: int, problems: list[str]) -> list[tupl
         ranks_text = ranks if isinstance(ranks, str) else (repr(list(ranks)) if isinstance(ranks, (list, tuple)) else None)
         if not name and (not ranks_text or ranks_text.strip() in ("[]", "")):
             continue  # Gloo writes {'': {'name': '', 'desc': '', 'ranks': '[]'}}: no information
-        rows.append((rank, name, _as_str(cfg.get("desc")), ranks_text))
+        # The world group's list is the same ~7 bytes x world size on every rank (1 MB at 131K ranks): keep
+        # one copy per distinct list, keyed by a content hash that agrees across processes.
+        key = None
+        if ranks_text is not None:
+            key = int.from_bytes(hashlib.blake2b(ranks_text.encode(), digest_size=8).digest(), "little")
+            rank_lists[key] = ranks_text
+        rows.append((rank, name, _as_str(cfg.get("desc")), key))
     return rows
 
 

@@ -26,7 +26,9 @@ from .errors import FlightrecError, NoDumpsError
 from .flatten import flatten_dump, normalize_entries
 from .readers import read_dump
 from .shards import find_shards, read_shards
-from .schema import DUMPS, ENTRIES, GROUPS, MEMBERS, MEMBERSHIPS, PG_STATUS, RAW_PG_CONFIG, STACKS, conform, empty
+from .schema import (
+    DUMPS, ENTRIES, GROUPS, MEMBERS, MEMBERSHIPS, PG_STATUS, RANK_LISTS, RAW_PG_CONFIG, STACKS, conform, empty,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,7 +153,7 @@ def _parse_one(path: str, rank: int) -> dict:
 def _refused(rank: int, reason: str) -> dict:
     meta = {"rank": rank, "version": None, "backend": None, "comm_lib_version": None, "entry_count": 0,
             "problems": [reason], "format": None, "loaded": False}
-    return {"meta": meta, "entries": None, "pg_config": [], "pg_status": [], "stacks": {}}
+    return {"meta": meta, "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
 
 
 def _parse_chunk(items: list[tuple[str, int]]) -> dict:
@@ -170,17 +172,19 @@ def _parse_chunk(items: list[tuple[str, int]]) -> dict:
 
 
 def _parse_chunk_inner(items: list[tuple[str, int]]) -> dict:
-    metas, tables, cfg, status, stacks = [], [], [], [], {}
+    metas, tables, cfg, status, stacks, rank_lists = [], [], [], [], {}, {}
     for path, rank in items:
         out = _parse_one(path, rank)
         metas.append(out["meta"])
         if out["entries"] is not None and out["entries"].num_rows:
             tables.append(out["entries"])
         cfg.extend(out["pg_config"])
+        rank_lists.update(out["rank_lists"])
         status.extend(out["pg_status"])
         stacks.update(out["stacks"])
     entries = pa.concat_tables(tables, promote_options="permissive") if tables else None
-    return {"metas": metas, "entries": entries, "pg_config": cfg, "pg_status": status, "stacks": stacks}
+    return {"metas": metas, "entries": entries, "pg_config": cfg, "rank_lists": rank_lists, "pg_status": status,
+            "stacks": stacks}
 
 
 def _chunks(files: list[DumpFile], n_chunks: int) -> list[list[tuple[str, int]]]:
@@ -237,12 +241,16 @@ def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Da
     cfg = [row for r in results for row in r["pg_config"]]
     status = [row for r in results for row in r["pg_status"]]
     stacks: dict[int, list] = {}
+    rank_lists: dict[int, str] = {}
     for r in results:
         stacks.update(r["stacks"])
+        rank_lists.update(r["rank_lists"])
     return {
         "dumps": dumps,
         "entries": entries,
         "pg_config": pl.DataFrame(cfg, schema=RAW_PG_CONFIG, orient="row"),
+        "rank_lists": pl.DataFrame({"ranks_key": list(rank_lists), "ranks_text": list(rank_lists.values())},
+                                   schema=RANK_LISTS),
         "pg_status": pl.DataFrame(status, schema=PG_STATUS, orient="row"),
         "stacks": pl.DataFrame({"stack_id": list(stacks), "frames": list(stacks.values())},
                                schema=STACKS),
@@ -261,12 +269,12 @@ def _parse_rank_lists(texts: list[str | None]) -> list[list[int] | None]:
     return out
 
 
-def _groups_from_config(pg_config: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _groups_from_config(pg_config: pl.DataFrame, rank_lists: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """groups (one per name + member set) and memberships (what each rank declared)."""
-    distinct = pg_config.select("pg_name", "ranks_text").unique().sort("pg_name", "ranks_text")
+    distinct = (pg_config.select("pg_name", "ranks_key").unique()
+                .join(rank_lists, on="ranks_key", how="left").sort("pg_name", "ranks_key"))
     distinct = distinct.with_columns(
         pl.Series("ranks", _parse_rank_lists(distinct["ranks_text"].to_list()), dtype=pl.List(pl.Int64)),
-        pl.col("ranks_text").hash().alias("ranks_key"),
     ).filter(pl.col("ranks").is_not_null())
     variants = pl.col("ranks_key").rank("dense").over("pg_name").cast(pl.Int64)
     distinct = distinct.with_columns(
@@ -275,14 +283,14 @@ def _groups_from_config(pg_config: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
         .otherwise(pl.col("pg_name"))
         .alias("group")
     )
-    desc = (pg_config.join(distinct.select("pg_name", "ranks_text", "group"), on=["pg_name", "ranks_text"])
+    desc = (pg_config.join(distinct.select("pg_name", "ranks_key", "group"), on=["pg_name", "ranks_key"])
             .group_by("group").agg(pl.col("pg_desc").drop_nulls().mode().first()))
     groups = distinct.join(desc, on="group", how="left").with_columns(
         pl.col("ranks").list.len().cast(pl.Int64).alias("size"),
         pl.lit("pg_config").alias("source"),
     )
-    memberships = pg_config.join(distinct.select("pg_name", "ranks_text", "ranks_key", "group"),
-                                 on=["pg_name", "ranks_text"], how="inner")
+    memberships = pg_config.join(distinct.select("pg_name", "ranks_key", "group"),
+                                 on=["pg_name", "ranks_key"], how="inner")
     return conform(groups, GROUPS), conform(memberships, MEMBERSHIPS)
 
 
@@ -312,9 +320,10 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     dumps, entries, pg_config = raw["dumps"], raw["entries"], raw["pg_config"]
     # Gloo writes one config with an empty name (`{'': {'name': '', 'ranks': '[0, 1, 2, 3]'}}`): it can't be
     # tied to a group, but its rank list still tells the world size.
-    unnamed = pg_config.filter(pl.col("pg_name") == "")
-    unnamed_sizes = [len(r) for r in _parse_rank_lists(unnamed["ranks_text"].unique().to_list()) if r]
-    groups, memberships = _groups_from_config(pg_config.filter(pl.col("pg_name") != ""))
+    rank_lists = raw["rank_lists"]
+    unnamed = pg_config.filter(pl.col("pg_name") == "").select("ranks_key").unique().join(rank_lists, on="ranks_key")
+    unnamed_sizes = [len(r) for r in _parse_rank_lists(unnamed["ranks_text"].to_list()) if r]
+    groups, memberships = _groups_from_config(pg_config.filter(pl.col("pg_name") != ""), rank_lists)
 
     declared_world = max([*unnamed_sizes, *([groups["size"].max()] if groups.height else [])], default=None)
     max_rank = dumps["rank"].max() if dumps.height else -1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 REPORT_VERSION = 1
-CACHE_FORMAT_VERSION = 3
+CACHE_FORMAT_VERSION = 4
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
@@ -116,8 +116,10 @@ RAW_PG_CONFIG = pl.Schema({
     "rank": pl.Int64,
     "pg_name": pl.String,
     "pg_desc": pl.String,
-    "ranks_text": pl.String,
+    "ranks_key": pl.UInt64,
 })
+# Distinct `ranks` strings of pg_config, once each (the world group's is the same on every rank).
+RANK_LISTS = pl.Schema({"ranks_key": pl.UInt64, "ranks_text": pl.String})
 
 
 def empty(schema: pl.Schema) -> pl.DataFrame:

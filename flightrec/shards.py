@@ -47,4 +47,5 @@ def read_shards(shards: list[Path]) -> dict[str, pl.DataFrame]:
                              "convert each host's dumps once")
     raw["dumps"] = dumps
     raw["stacks"] = raw["stacks"].unique("stack_id")
+    raw["rank_lists"] = raw["rank_lists"].unique("ranks_key")
     return raw
