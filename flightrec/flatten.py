@@ -10,13 +10,12 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from operator import itemgetter
 from typing import Any, Callable
 
-import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .schema import ENTRIES, KNOWN_DUMP_VERSIONS, STATES, conform
+from .schema import KNOWN_DUMP_VERSIONS, STATES
 
 # Raw op names the writers emit (NCCL, Gloo, and older spellings) -> our vocabulary (schema.OPS).
 _OP_ALIASES = {
@@ -119,6 +118,138 @@ def _column(name: str, values: list, typ: pa.DataType, coerce: Callable[[Any], A
             return pa.array([f if f is None or abs(f) < 2**63 else None for f in fixed], type=typ)
 
 
+_STATES = list(STATES)
+_I64, _F64, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+_SIZES, _STRS = pa.list_(pa.list_(_I64)), pa.list_(_STR)
+
+# Every entry key we read, across recorder versions, with its Arrow type. Missing keys come out null.
+RAW_FIELDS = {
+    "record_id": (_I64, "int"), "pg_id": (_I64, "int"), "process_group": (_STRS, "strs"),
+    "collective_seq_id": (_I64, "int"), "seq_id": (_I64, "int"), "p2p_seq_id": (_I64, "int"),
+    "op_id": (_I64, "int"), "profiling_name": (_STR, "str"), "time_created_ns": (_I64, "int"),
+    "time_created_us": (_I64, "int"), "input_sizes": (_SIZES, "sizes"), "input_dtypes": (_STRS, "strs"),
+    "output_sizes": (_SIZES, "sizes"), "output_dtypes": (_STRS, "strs"), "state": (_STR, "str"),
+    "time_discovered_started_ns": (_I64, "int"), "time_discovered_completed_ns": (_I64, "int"),
+    "retired": (_BOOL, "bool"), "timeout_ms": (_I64, "int"), "is_p2p": (_BOOL, "bool"),
+    "duration_ms": (_F64, "float"), "thread_id": (_STR, "str"), "thread_name": (_STR, "str"),
+}
+RAW_STRUCT = pa.struct([(name, typ) for name, (typ, _) in RAW_FIELDS.items()])
+
+
+def _raw_table(entries: list[dict], problems: list[str]) -> pa.Table:
+    """Entries -> one Arrow column per raw key. Arrow walks the dicts in C (one pass, ~4 us an entry); only
+    when some value has the wrong type does it go key by key with coercion, noting what was nulled."""
+    try:
+        return pa.Table.from_struct_array(pa.array(entries, type=RAW_STRUCT))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        pass
+    coerce = {"int": _as_int, "float": _as_float, "bool": _as_bool, "str": _as_str, "strs": _as_str_list,
+              "sizes": _as_sizes}
+    columns = {}
+    for name, (typ, kind) in RAW_FIELDS.items():
+        values = [e.get(name) for e in entries]
+        columns[name] = _column(name, values, typ, coerce[kind], problems)
+    return pa.table(columns)
+
+
+def _numel_column(sizes: pa.ChunkedArray) -> pa.Array:
+    """Elements per entry: sum over its tensors of the product of the dims, in Arrow (a scalar tensor, [],
+    counts 1; an entry with no tensors 0; null sizes null)."""
+    outer = sizes.combine_chunks()
+    n = len(outer)
+    tensors = pc.list_flatten(outer)
+    per_entry = (pa.table({"e": pa.array(range(n), type=_I64), "valid": pc.is_valid(outer)})
+                 .join(_scalar_aware(tensors, outer), "e", join_type="left outer")
+                 .sort_by("e"))
+    return pc.if_else(per_entry["valid"], pc.fill_null(per_entry["numel"], 0), pa.scalar(None, _I64)).combine_chunks()
+
+
+def _scalar_aware(tensors: pa.Array, outer: pa.Array) -> pa.Table:
+    """(e, numel): per entry, the sum over its tensors of prod(dims), where a 0-dim tensor counts 1."""
+    per_tensor = (pa.table({"t": pc.list_parent_indices(tensors), "d": pc.list_flatten(tensors)})
+                  .group_by("t").aggregate([("d", "product")]))
+    owners = pa.table({"t": pa.array(range(len(tensors)), type=_I64), "e": pc.list_parent_indices(outer)})
+    joined = owners.join(per_tensor, "t", join_type="left outer")
+    joined = joined.set_column(joined.schema.get_field_index("d_product"), "d_product",
+                               pc.fill_null(joined["d_product"], 1))
+    return joined.group_by("e").aggregate([("d_product", "sum")]).rename_columns(["e", "numel"])
+
+
+def _shape_text_column(sizes: pa.ChunkedArray) -> pa.Array:
+    """'[[1024, 8], [8]]' per entry, built in Arrow exactly as Python prints the list."""
+    outer = sizes.combine_chunks()
+    if len(outer) == 0:
+        return pa.array([], type=_STR)
+    tensors = pc.list_flatten(outer)
+    dims_text = pc.cast(pc.list_flatten(tensors), _STR)
+    inner = pa.ListArray.from_arrays(pc.subtract(tensors.offsets, tensors.offsets[0]), dims_text)
+    inner_text = pc.binary_join_element_wise("[", pc.binary_join(inner, ", "), "]", "")
+    outer_lists = pa.ListArray.from_arrays(pc.subtract(outer.offsets, outer.offsets[0]), inner_text,
+                                           mask=pc.is_null(outer))
+    return pc.binary_join_element_wise("[", pc.binary_join(outer_lists, ", "), "]", "")
+
+
+def _zero_to_null(arr: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The JSON writer puts 0 where the pickle has None."""
+    return pc.if_else(pc.equal(arr, 0), pa.scalar(None, arr.type), arr)
+
+
+def derive_entries(raw: pa.Table) -> pa.Table:
+    """Raw per-file columns (a whole chunk of files at once) -> the ENTRIES columns except `group`/`peer`.
+
+    Vectorized in Arrow (workers must not use Polars: its thread pool is not fork-safe). Python runs once per
+    distinct profiling name, never per entry."""
+    names = raw["profiling_name"].combine_chunks().dictionary_encode()
+    infos = [normalize_op(n) for n in names.dictionary.to_pylist()]
+    op = pc.take(pa.array([i[0] for i in infos], type=_STR), names.indices) if infos else pa.nulls(len(names), _STR)
+    peer = pc.take(pa.array([i[1] for i in infos], type=_I64), names.indices) if infos else pa.nulls(len(names), _I64)
+    op = pc.fill_null(op, "unknown")
+    pg = raw["process_group"]
+    # before recorder 2.1 entries name no group, only the local pg id, which is then the pg_config key
+    pg_name = pc.coalesce(_list_get(pg, 0), pc.cast(raw["pg_id"], _STR))
+    state = raw["state"]
+    state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
+    created = pc.coalesce(raw["time_created_ns"], pc.multiply(raw["time_created_us"], 1000))
+    return pa.table({
+        "rank": raw["rank"],
+        "pg_name": pg_name,
+        "pg_desc": _list_get(pg, 1),
+        "pg_id": raw["pg_id"],
+        "record_id": raw["record_id"],
+        "collective_seq_id": pc.coalesce(raw["collective_seq_id"], raw["seq_id"]),
+        "p2p_seq_id": raw["p2p_seq_id"],
+        "op_id": raw["op_id"],
+        "op": op,
+        "profiling_name": raw["profiling_name"],
+        "is_p2p": pc.coalesce(raw["is_p2p"], pc.is_in(op, pa.array(["send", "recv"]))),
+        "peer_local": peer,
+        "state": state,
+        "retired": raw["retired"],
+        "timeout_ms": raw["timeout_ms"],
+        "time_created_ns": _zero_to_null(created),
+        "time_started_ns": _zero_to_null(raw["time_discovered_started_ns"]),
+        "time_completed_ns": _zero_to_null(raw["time_discovered_completed_ns"]),
+        "duration_ms": raw["duration_ms"],
+        "input_sizes": _shape_text_column(raw["input_sizes"]),
+        "output_sizes": _shape_text_column(raw["output_sizes"]),
+        "input_dtypes": pc.binary_join(raw["input_dtypes"], ","),
+        "output_dtypes": pc.binary_join(raw["output_dtypes"], ","),
+        "input_numel": _numel_column(raw["input_sizes"]),
+        "output_numel": _numel_column(raw["output_sizes"]),
+        "thread_id": raw["thread_id"],
+        "thread_name": raw["thread_name"],
+        "stack_id": raw["stack_id"],
+    })
+
+
+def _list_get(lists: pa.ChunkedArray, i: int) -> pa.Array:
+    """Element i of each list, null where the list is null or shorter."""
+    arr = lists.combine_chunks()
+    long_enough = pc.fill_null(pc.greater(pc.list_value_length(arr), i), False)
+    safe = pc.if_else(long_enough, arr, pa.scalar([None] * (i + 1), arr.type))
+    return pc.list_element(safe, i)
+
+
 def _as_str_list(v: Any) -> list[str] | None:
     if isinstance(v, (list, tuple)):
         return [x if isinstance(x, str) else str(x) for x in v]
@@ -153,33 +284,6 @@ def _numel(sizes: Any) -> int | None:
 def _stack_hash(frames: list) -> int:
     text = repr([(f.get("name"), f.get("filename"), f.get("line")) if isinstance(f, dict) else f for f in frames])
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
-_OPTIONAL_KEYS = frozenset({"duration_ms", "frames"})  # absent from an entry when unknown / not captured
-
-
-def _transpose(entries: list[dict]) -> dict[str, list]:
-    """Entries (dicts) -> columns: one C-level itemgetter call an entry for the keys every entry has; keys
-    only some entries carry (duration_ms, frames, or anything unusual) go key by key."""
-    if not entries:
-        return {}
-    first, last = entries[0], entries[-1]
-    keys = sorted((first.keys() & last.keys()) - _OPTIONAL_KEYS)
-    rare = (first.keys() | last.keys() | _OPTIONAL_KEYS) - set(keys)
-    columns: dict[str, list] = {}
-    try:
-        if len(keys) > 1:
-            columns.update(zip(keys, map(list, zip(*map(itemgetter(*keys), entries)))))
-        elif keys:
-            columns[keys[0]] = [e[keys[0]] for e in entries]
-    except KeyError:  # some entry lacks a key the first and last have: take every key the slow way
-        rare |= set(keys)
-        columns.clear()
-    for key in rare:
-        values = [e.get(key) for e in entries]
-        if any(v is not None for v in values):
-            columns[key] = values
-    return columns
 
 
 def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int, list]]:
@@ -234,53 +338,13 @@ def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
     if len(entries) != len(raw_entries):
         problems.append(f"{len(raw_entries) - len(entries)} entries are not dicts (ignored)")
 
-    columns = _transpose(entries)
+    entries_table = _raw_table(entries, problems)
+    stack_ids, stacks = _stacks([e.get("frames") for e in entries], problems)
+    entries_table = entries_table.append_column("rank", pa.array([rank] * len(entries), type=_I64))
+    entries_table = entries_table.append_column("stack_id", pa.array(stack_ids, type=pa.uint64()))
 
-    def get(key: str, *older: str) -> list:
-        if key not in columns:
-            for o in older:
-                if o in columns:
-                    return columns[o]
-        return columns.get(key) or [None] * len(entries)
-
-    stack_ids, stacks = _stacks(get("frames"), problems)
-    created = get("time_created_ns")
-    if entries and "time_created_ns" not in entries[0] and "time_created_us" in entries[0]:
-        created = [None if v is None else _as_int(v) * 1000 if _as_int(v) is not None else None
-                   for v in get("time_created_us")]  # torch 2.2 wrote microseconds
-
-    i64, f64, s, b = pa.int64(), pa.float64(), pa.string(), pa.bool_()
-    sizes, dtypes = pa.list_(pa.list_(i64)), pa.list_(s)
-    cols = {
-        "rank": pa.array([rank] * len(entries), type=i64),
-        "process_group": _column("process_group", get("process_group"), dtypes, _as_str_list, problems),
-        "pg_id": _column("pg_id", get("pg_id"), i64, _as_int, problems),
-        "record_id": _column("record_id", get("record_id"), i64, _as_int, problems),
-        "collective_seq_id": _column("collective_seq_id", get("collective_seq_id", "seq_id"), i64, _as_int, problems),
-        "p2p_seq_id": _column("p2p_seq_id", get("p2p_seq_id"), i64, _as_int, problems),
-        "op_id": _column("op_id", get("op_id"), i64, _as_int, problems),
-        "profiling_name": _column("profiling_name", get("profiling_name"), s, _as_str, problems),
-        "is_p2p": _column("is_p2p", get("is_p2p"), b, _as_bool, problems),
-        "state": _column("state", get("state"), s, _as_str, problems),
-        "retired": _column("retired", get("retired"), b, _as_bool, problems),
-        "timeout_ms": _column("timeout_ms", get("timeout_ms"), i64, _as_int, problems),
-        "time_created_ns": _column("time_created_ns", created, i64, _as_int, problems),
-        "time_started_ns": _column("time_discovered_started_ns", get("time_discovered_started_ns"), i64, _as_int,
-                                   problems),
-        "time_completed_ns": _column("time_discovered_completed_ns", get("time_discovered_completed_ns"), i64,
-                                     _as_int, problems),
-        "duration_ms": _column("duration_ms", get("duration_ms"), f64, _as_float, problems),
-        "input_sizes": _column("input_sizes", get("input_sizes"), sizes, _as_sizes, problems),
-        "output_sizes": _column("output_sizes", get("output_sizes"), sizes, _as_sizes, problems),
-        "input_dtypes": _column("input_dtypes", get("input_dtypes"), dtypes, _as_str_list, problems),
-        "output_dtypes": _column("output_dtypes", get("output_dtypes"), dtypes, _as_str_list, problems),
-        "thread_id": _column("thread_id", get("thread_id"), s, _as_str, problems),
-        "thread_name": _column("thread_name", get("thread_name"), s, _as_str, problems),
-        "stack_id": pa.array(stack_ids, type=pa.uint64()),
-    }
-    entries_table = pa.table(cols)
-
-    backends = {normalize_op(n)[2] for n in set(cols["profiling_name"].to_pylist())} - {None}
+    names = entries_table["profiling_name"].unique().to_pylist() if entries else []
+    backends = {normalize_op(n)[2] for n in names} - {None}
     meta = {
         "rank": rank,
         "version": version,
@@ -346,54 +410,3 @@ def _pg_status_rows(pg_status: Any, rank: int, problems: list[str]) -> list[tupl
             _as_int(st.get("last_completed_collective")),
         ))
     return rows
-
-
-def _distinct_map(df: pl.DataFrame, column: str, fn: Callable[[Any], dict]) -> pl.DataFrame:
-    """Apply a Python function once per distinct value of a column (shapes, names repeat a lot)."""
-    key = f"_{column}_key"
-    keyed = df.with_columns(pl.col(column).hash().alias(key))
-    distinct = keyed.group_by(key).agg(pl.col(column).first())
-    values = [fn(v) for v in distinct[column].to_list()]
-    mapped = pl.DataFrame(values) if values else pl.DataFrame()
-    mapped = pl.concat([distinct.select(key), mapped], how="horizontal") if values else distinct.select(key)
-    return keyed.join(mapped, on=key, how="left").drop(key)
-
-
-def normalize_entries(tables: list[pa.Table]) -> pl.DataFrame:
-    """Raw per-file columns -> the ENTRIES schema (without `group` and `peer`, which need every rank).
-
-    Vectorized over a whole chunk of files: per-value Python runs once per distinct profiling name or shape.
-    """
-    if not tables:
-        return pl.DataFrame(schema=ENTRIES)
-    df = pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"))
-
-    def op_fields(name: Any) -> dict:
-        op, peer, _backend = normalize_op(name)
-        return {"op": op, "peer_local": peer}
-
-    def shape_fields(prefix: str) -> Callable[[Any], dict]:
-        def fields(sizes: Any) -> dict:
-            return {f"{prefix}_sizes_text": _shape_text(sizes), f"{prefix}_numel": _numel(sizes)}
-        return fields
-
-    df = _distinct_map(df, "profiling_name", op_fields)
-    df = _distinct_map(df, "input_sizes", shape_fields("input"))
-    df = _distinct_map(df, "output_sizes", shape_fields("output"))
-    zero_is_null = {c: pl.when(pl.col(c) == 0).then(None).otherwise(pl.col(c)).alias(c)
-                    for c in ("time_created_ns", "time_started_ns", "time_completed_ns")}
-    df = df.with_columns(
-        # Before recorder 2.1 entries name no group, only the local pg id, which is then the pg_config key.
-        pl.coalesce(pl.col("process_group").list.get(0, null_on_oob=True), pl.col("pg_id").cast(pl.String))
-        .alias("pg_name"),
-        pl.col("process_group").list.get(1, null_on_oob=True).alias("pg_desc"),
-        pl.when(pl.col("state").is_in(list(STATES)) | pl.col("state").is_null()).then(pl.col("state"))
-        .otherwise(pl.lit("unknown")).alias("state"),
-        pl.coalesce("is_p2p", pl.col("op").is_in(["send", "recv"])).alias("is_p2p"),
-        pl.col("input_dtypes").list.join(",").alias("input_dtypes"),
-        pl.col("output_dtypes").list.join(",").alias("output_dtypes"),
-        pl.col("input_sizes_text").alias("input_sizes"),
-        pl.col("output_sizes_text").alias("output_sizes"),
-        *zero_is_null.values(),
-    )
-    return conform(df, ENTRIES)

@@ -11,6 +11,7 @@ import gc
 import json
 import multiprocessing
 import os
+import tempfile
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import pyarrow as pa
 from . import cache as _cache
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
-from .flatten import flatten_dump, normalize_entries
+from .flatten import derive_entries, flatten_dump
 from .readers import read_dump
 from .shards import find_shards, read_shards
 from .schema import (
@@ -156,7 +157,7 @@ def _refused(rank: int, reason: str) -> dict:
     return {"meta": meta, "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
 
 
-def _parse_chunk(items: list[tuple[str, int]]) -> dict:
+def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None) -> dict:
     """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces.
 
     The cyclic garbage collector is paused meanwhile: unpickling allocates millions of dicts and lists, and
@@ -165,13 +166,13 @@ def _parse_chunk(items: list[tuple[str, int]]) -> dict:
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _parse_chunk_inner(items)
+        return _parse_chunk_inner(items, spool)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _parse_chunk_inner(items: list[tuple[str, int]]) -> dict:
+def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None) -> dict:
     metas, tables, cfg, status, stacks, rank_lists = [], [], [], [], {}, {}
     for path, rank in items:
         out = _parse_one(path, rank)
@@ -182,7 +183,14 @@ def _parse_chunk_inner(items: list[tuple[str, int]]) -> dict:
         rank_lists.update(out["rank_lists"])
         status.extend(out["pg_status"])
         stacks.update(out["stacks"])
-    entries = pa.concat_tables(tables, promote_options="permissive") if tables else None
+    entries = derive_entries(pa.concat_tables(tables, promote_options="permissive")) if tables else None
+    if entries is not None and spool is not None:
+        # Columns go back through a file the parent memory-maps, not through the result pipe: the parent then
+        # never unpickles bulk data, which would make it the bottleneck of the pool.
+        path = os.path.join(spool, f"chunk{items[0][1]}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, entries.schema) as writer:
+            writer.write_table(entries)
+        entries = path
     return {"metas": metas, "entries": entries, "pg_config": cfg, "rank_lists": rank_lists, "pg_status": status,
             "stacks": stacks}
 
@@ -193,7 +201,7 @@ def _chunks(files: list[DumpFile], n_chunks: int) -> list[list[tuple[str, int]]]
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _parse_all(files: list[DumpFile], options: LoadOptions) -> list[dict]:
+def _parse_all(files: list[DumpFile], options: LoadOptions, spool: str | None = None) -> list[dict]:
     workers = options.workers or os.cpu_count() or 1
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
     chunks = _chunks(files, max(1, min(len(files), workers * 8)))
@@ -201,7 +209,7 @@ def _parse_all(files: list[DumpFile], options: LoadOptions) -> list[dict]:
     done = 0
     if workers == 1 or len(files) < 8:
         for chunk in chunks:
-            results.append(_parse_chunk(chunk))
+            results.append(_parse_chunk(chunk))  # in-process: the table stays in memory
             done += len(chunk)
             if options.progress:
                 options.progress(done, len(files))
@@ -210,7 +218,7 @@ def _parse_all(files: list[DumpFile], options: LoadOptions) -> list[dict]:
     # safe and starts instantly; spawn would re-import everything and re-run unguarded user scripts.
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks)):
+        for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks))):
             results.append(result)
             done += len(chunk)
             if options.progress:
@@ -237,7 +245,7 @@ def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Da
         "loaded": [m["loaded"] for m in metas],
     }, schema_overrides={"problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
                          "backend": pl.String, "comm_lib_version": pl.String, "format": pl.String})
-    entries = normalize_entries([r["entries"] for r in results if r["entries"] is not None])
+    entries = _entries_frame([r["entries"] for r in results if r["entries"] is not None])
     cfg = [row for r in results for row in r["pg_config"]]
     status = [row for r in results for row in r["pg_status"]]
     stacks: dict[int, list] = {}
@@ -255,6 +263,16 @@ def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Da
         "stacks": pl.DataFrame({"stack_id": list(stacks), "frames": list(stacks.values())},
                                schema=STACKS),
     }
+
+
+def _entries_frame(parts: list) -> pl.DataFrame:
+    """Concatenate the workers' columns (tables, or spool files to memory-map) into the ENTRIES frame."""
+    tables = [pa.ipc.open_file(pa.memory_map(p, "r")).read_all() if isinstance(p, str) else p for p in parts]
+    if not tables:
+        return empty(ENTRIES)
+    table = pa.concat_tables(tables, promote_options="permissive")
+    frame = pl.from_arrow(table, rechunk=False)
+    return conform(frame, ENTRIES)
 
 
 def _parse_rank_lists(texts: list[str | None]) -> list[list[int] | None]:
@@ -412,7 +430,8 @@ def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.Data
     root = str(path)
     raw = _cache.read(files, root, options) if options.use_cache else None
     if raw is None:
-        raw = _assemble_raw(files, _parse_all(files, options))
+        with tempfile.TemporaryDirectory(prefix="flightrec-spool-") as spool:
+            raw = _assemble_raw(files, _parse_all(files, options, spool))
         if options.use_cache:
             _cache.write(raw, files, root, options)
     return raw
