@@ -8,6 +8,7 @@ every recorder version to one set of columns, normalizes the op name and reads t
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from typing import Any, Callable
@@ -152,27 +153,11 @@ def _raw_table(entries: list[dict], problems: list[str]) -> pa.Table:
     return pa.table(columns)
 
 
-def _numel_column(sizes: pa.ChunkedArray) -> pa.Array:
-    """Elements per entry: sum over its tensors of the product of the dims, in Arrow (a scalar tensor, [],
-    counts 1; an entry with no tensors 0; null sizes null)."""
-    outer = sizes.combine_chunks()
-    n = len(outer)
-    tensors = pc.list_flatten(outer)
-    per_entry = (pa.table({"e": pa.array(range(n), type=_I64), "valid": pc.is_valid(outer)})
-                 .join(_scalar_aware(tensors, outer), "e", join_type="left outer")
-                 .sort_by("e"))
-    return pc.if_else(per_entry["valid"], pc.fill_null(per_entry["numel"], 0), pa.scalar(None, _I64)).combine_chunks()
-
-
-def _scalar_aware(tensors: pa.Array, outer: pa.Array) -> pa.Table:
-    """(e, numel): per entry, the sum over its tensors of prod(dims), where a 0-dim tensor counts 1."""
-    per_tensor = (pa.table({"t": pc.list_parent_indices(tensors), "d": pc.list_flatten(tensors)})
-                  .group_by("t").aggregate([("d", "product")]))
-    owners = pa.table({"t": pa.array(range(len(tensors)), type=_I64), "e": pc.list_parent_indices(outer)})
-    joined = owners.join(per_tensor, "t", join_type="left outer")
-    joined = joined.set_column(joined.schema.get_field_index("d_product"), "d_product",
-                               pc.fill_null(joined["d_product"], 1))
-    return joined.group_by("e").aggregate([("d_product", "sum")]).rename_columns(["e", "numel"])
+def _numel_column(shape_text: pa.Array) -> pa.Array:
+    """Elements per entry (sum over tensors of the product of dims), computed once per distinct shape."""
+    codes = shape_text.dictionary_encode()
+    counts = [_numel(json.loads(t)) for t in codes.dictionary.to_pylist()]
+    return pc.take(pa.array(counts, type=_I64), codes.indices)
 
 
 def _shape_text_column(sizes: pa.ChunkedArray) -> pa.Array:
@@ -210,7 +195,8 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     state = raw["state"]
     state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
     created = pc.coalesce(raw["time_created_ns"], pc.multiply(raw["time_created_us"], 1000))
-    return pa.table({
+    in_text, out_text = _shape_text_column(raw["input_sizes"]), _shape_text_column(raw["output_sizes"])
+    table = pa.table({
         "rank": raw["rank"],
         "pg_name": pg_name,
         "pg_desc": _list_get(pg, 1),
@@ -230,16 +216,26 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         "time_started_ns": _zero_to_null(raw["time_discovered_started_ns"]),
         "time_completed_ns": _zero_to_null(raw["time_discovered_completed_ns"]),
         "duration_ms": raw["duration_ms"],
-        "input_sizes": _shape_text_column(raw["input_sizes"]),
-        "output_sizes": _shape_text_column(raw["output_sizes"]),
+        "input_sizes": in_text,
+        "output_sizes": out_text,
         "input_dtypes": pc.binary_join(raw["input_dtypes"], ","),
         "output_dtypes": pc.binary_join(raw["output_dtypes"], ","),
-        "input_numel": _numel_column(raw["input_sizes"]),
-        "output_numel": _numel_column(raw["output_sizes"]),
+        "input_numel": _numel_column(in_text),
+        "output_numel": _numel_column(out_text),
         "thread_id": raw["thread_id"],
         "thread_name": raw["thread_name"],
         "stack_id": raw["stack_id"],
-    })
+    }).combine_chunks()
+    # Repeating strings travel as dictionaries: the parent then maps a few hundred distinct values per chunk
+    # to Categoricals instead of hashing every row.
+    for name in _CATEGORICAL:
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, pc.dictionary_encode(table[name]))
+    return table
+
+
+_CATEGORICAL = ("pg_name", "pg_desc", "op", "profiling_name", "state", "input_sizes", "output_sizes",
+                "input_dtypes", "output_dtypes", "thread_id", "thread_name")
 
 
 def _list_get(lists: pa.ChunkedArray, i: int) -> pa.Array:

@@ -362,7 +362,9 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
                .with_columns(pl.coalesce("group", "_g").alias("group")).drop("_g"))
     peers = members.rename({"rank": "peer", "local_rank": "peer_local"})
     entries = entries.drop("peer").join(peers, on=["group", "peer_local"], how="left")
-    entries = conform(entries, ENTRIES_WITH_GROUP).sort("rank", "record_id")
+    entries = conform(entries, ENTRIES_WITH_GROUP)
+    if not _sorted_by_rank_and_record(entries):  # files are read in rank order, entries in record order: rare
+        entries = entries.sort("rank", "record_id")
 
     dumps = _check_declared_ranks(dumps, memberships, members)
     dumps = conform(dumps.with_columns(
@@ -373,6 +375,15 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         groups=groups, members=members, memberships=memberships,
         pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
     )
+
+
+def _sorted_by_rank_and_record(entries: pl.DataFrame) -> bool:
+    if entries.height < 2:
+        return True
+    step = entries.select(
+        ((pl.col("rank").diff() > 0) | ((pl.col("rank").diff() == 0) & (pl.col("record_id").diff() >= 0)))
+        .fill_null(True).all())
+    return bool(step.item())
 
 
 def _check_declared_ranks(dumps: pl.DataFrame, memberships: pl.DataFrame, members: pl.DataFrame) -> pl.DataFrame:
