@@ -70,6 +70,13 @@ def load_options(fn):
     return fn
 
 
+hosts_option = click.option(
+    "--hosts", "hosts_file", type=click.Path(path_type=Path, dir_okay=False),
+    help="rank -> host map: CSV 'rank,host' with a header, or JSON {\"rank\": \"host\"}.")
+ranks_per_host_option = click.option(
+    "--ranks-per-host", type=click.IntRange(min=1), help="Hosts hold N consecutive ranks each.")
+
+
 @contextlib.contextmanager
 def _progress(quiet: bool):
     """A progress bar on stderr for file parsing, only on a terminal."""
@@ -120,11 +127,10 @@ def main():
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
               show_default=True, help="text for people, json for automation, markdown for a ticket.")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report here.")
-@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="rank -> host map: CSV 'rank,host' with a header, or JSON {\"rank\": \"host\"}.")
+@hosts_option
 @click.option("--topology", "topology_file", type=click.Path(path_type=Path, dir_okay=False),
               help="host -> switch map: CSV 'host,switch'.")
-@click.option("--ranks-per-host", type=click.IntRange(min=1), help="Hosts hold N consecutive ranks each.")
+@ranks_per_host_option
 @click.option("--pg", help="Only analyse the process group with this name or desc.")
 @_guard
 def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
@@ -227,9 +233,8 @@ def groups(dump_dir, prefix, world_size, no_cache, workers, quiet):
 
 @main.command()
 @load_options
-@click.option("--hosts", "hosts_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="rank -> host map: CSV 'rank,host' with a header, or JSON {\"rank\": \"host\"}.")
-@click.option("--ranks-per-host", type=click.IntRange(min=1), help="Hosts hold N consecutive ranks each.")
+@hosts_option
+@ranks_per_host_option
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per table.")
 @_guard
 def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, ranks_per_host, top):
