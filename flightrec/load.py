@@ -195,10 +195,21 @@ def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None) -> dict:
             "stacks": stacks}
 
 
+CHUNK_BYTES = 48 << 20  # a worker holds one chunk's columns at a time: this bounds its memory
+
+
 def _chunks(files: list[DumpFile], n_chunks: int) -> list[list[tuple[str, int]]]:
-    items = [(str(f.path), f.rank) for f in files]
-    size = max(1, -(-len(items) // n_chunks))
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    """Consecutive files (rank order), at least n_chunks chunks, none much over CHUNK_BYTES of input."""
+    target = min(CHUNK_BYTES, max(1, sum(f.size for f in files) // n_chunks))
+    chunks: list[list[tuple[str, int]]] = [[]]
+    held = 0
+    for f in files:
+        if chunks[-1] and held + f.size > target:
+            chunks.append([])
+            held = 0
+        chunks[-1].append((str(f.path), f.rank))
+        held += f.size
+    return chunks
 
 
 def _parse_all(files: list[DumpFile], options: LoadOptions, spool: str | None = None) -> list[dict]:

@@ -57,9 +57,11 @@ def _instances(units: pl.DataFrame) -> pl.DataFrame:
 
 
 def _cross_host(frame: pl.DataFrame) -> pl.DataFrame:
-    """Only collectives whose members sit on more than one host: inside one host there is no clock to
-    estimate and no host to blame."""
-    return frame.filter(pl.col("host").n_unique().over("group", "collective_seq_id") > 1)
+    """Only groups whose members sit on more than one host: inside one host there is no clock to estimate
+    and no host to blame. Decided per group (small), not per collective."""
+    spanning = (frame.select("group", "host").unique().group_by("group").len()
+                .filter(pl.col("len") > 1).select("group"))
+    return frame.join(spanning, on="group", how="semi")
 
 
 def clock_offsets(units: pl.DataFrame, hosts: pl.DataFrame, rounds: int = 3) -> pl.DataFrame:
@@ -102,7 +104,6 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
             pl.len().alias("n"),
             pl.col("late_ms").median().alias("median_late_ms"),
             (pl.col("late_ms") > threshold / 2).mean().alias("late_fraction"),
-            pl.col("group").unique().sort().alias("groups"),
         )
         .with_columns(((pl.col("median_late_ms") > threshold) & (pl.col("late_fraction") >= opts.min_late_fraction)
                        & (pl.col("n") >= opts.min_collectives)).alias("straggler"))
@@ -172,6 +173,10 @@ def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
                    opts: TimingOptions | None = None) -> TimingResult:
     opts = opts or TimingOptions()
     hosts = topo.frame()
+    # only what timing reads, with the group as a Categorical: every window below hashes it
+    units = units.select(pl.col("group").cast(pl.Categorical), "collective_seq_id", "rank", "op", "input_sizes",
+                         "time_created_ns", "time_completed_ns")
+    groups = groups.select(pl.col("group").cast(pl.Categorical), "pg_desc")
     offsets = clock_offsets(units, hosts)
     late = lateness(units, hosts, offsets)
     per_rank, per_host, threshold = stragglers(late, opts)
@@ -180,6 +185,10 @@ def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
     if per_rank["straggler"].any():
         per_host = per_host.with_columns(pl.lit(False).alias("straggler"))
     per_host = per_host.join(offsets, on="host", how="left")
+    # where each straggler was late: only for the few flagged ranks
+    where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(
+        "rank").agg(pl.col("group").unique().sort().alias("groups"))
+    per_rank = per_rank.join(where, on="rank", how="left").with_columns(pl.col("groups").fill_null([]))
     speeds = group_speeds(units, groups, opts)
     slow_hosts, slow_links = _localize(speeds, units, topo)
     return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
