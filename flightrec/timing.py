@@ -33,6 +33,7 @@ class TimingOptions:
     min_collectives: int = 5
     slow_factor: float = 2.0
     min_slow_ms: float = 5.0
+    window: int = 32   # judge each group on its last `window` collectives: the state of the job now
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def _cross_host(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.join(spanning, on="group", how="semi")
 
 
-def clock_offsets(units: pl.DataFrame, hosts: pl.DataFrame, rounds: int = 3) -> pl.DataFrame:
+def clock_offsets(units: pl.DataFrame, hosts: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
     """Per host, how far its clock is ahead, from completion times (a collective ends at one instant on every
     member). Solved by a few rounds of: offset += median deviation from the collective's corrected median.
     Only differences between hosts matter; offsets are centred on zero."""
@@ -176,6 +177,7 @@ def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
     # only what timing reads, with the group as a Categorical: every window below hashes it
     units = units.select(pl.col("group").cast(pl.Categorical), "collective_seq_id", "rank", "op", "input_sizes",
                          "time_created_ns", "time_completed_ns")
+    units = units.filter(pl.col("collective_seq_id") > pl.col("collective_seq_id").max().over("group") - opts.window)
     groups = groups.select(pl.col("group").cast(pl.Categorical), "pg_desc")
     offsets = clock_offsets(units, hosts)
     late = lateness(units, hosts, offsets)
