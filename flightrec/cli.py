@@ -269,12 +269,13 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
       flightrec analyze shards/                                                   # anywhere
     """
     from . import views
+    from .cache import TABLES
     from .load import load_raw
     from .shards import write_shard
 
     opts = _load_opts(prefix, world_size, no_cache, workers, None)
     write_shard(load_raw(dump_dir, opts), out, source=str(dump_dir), host=host)
-    written = ["dumps", "entries", "pg_config", "pg_status", "stacks"]
+    written = list(TABLES)
     if not shard_only:
         trace = load(out, opts)
         written += [p.stem for p in views.export_parquet(trace, run_match(trace), out / "frames")]
