@@ -262,12 +262,6 @@ def _as_sizes(v: Any) -> list[list[int]] | None:
     return out if all(abs(d) < 2**63 for shape in out for d in shape) else None
 
 
-def _shape_text(sizes: Any) -> str | None:
-    if sizes is None:
-        return None
-    return repr(sizes) if isinstance(sizes, list) else None
-
-
 def _numel(sizes: Any) -> int | None:
     if not isinstance(sizes, list):
         return None

@@ -51,10 +51,6 @@ def is_p2p_closer() -> pl.Expr:
     )
 
 
-def is_completed() -> pl.Expr:
-    return pl.col("state") == "completed"
-
-
 # Backends whose recorder marks entries completed (CUDA/XPU events). Gloo's never does.
 COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl")
 

@@ -61,8 +61,8 @@ class _Context:
         last = self.last_entry(rank)
         if last is None or last["stack_id"] is None:
             return []
-        frames = self.trace.stacks.filter(pl.col("stack_id") == last["stack_id"])["frames"]
-        return [{"rank": rank, "what": what, "frames": frames[0].to_list() if hasattr(frames[0], "to_list") else frames[0]}] if len(frames) else []
+        frames = self.trace.stacks.filter(pl.col("stack_id") == last["stack_id"])["frames"].to_list()
+        return [{"rank": rank, "what": what, "frames": frames[0]}] if frames else []
 
     def describe_last(self, rank: int) -> str:
         e = self.last_entry(rank)

@@ -30,10 +30,6 @@ def rank_node(rank: int) -> str:
     return f"r:{rank}"
 
 
-def group_node(group: str) -> str:
-    return f"g:{group}"
-
-
 @dataclass(frozen=True)
 class Waits:
     """The wait-for graph.
