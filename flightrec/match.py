@@ -80,12 +80,28 @@ def size_rule_ok() -> pl.Expr:
     )
 
 
+# Ops whose per-member shapes legitimately differ: all_to_all splits may be uneven (checked by totals), and
+# gather/scatter shapes depend on whether the member is the root.
+_UNEQUAL_SHAPES = ["all_to_all", "gather", "scatter"]
+
+
 def shape_key() -> pl.Expr:
-    """What must be equal across members: outputs for reduce_scatter, inputs for the rest."""
+    """What must be equal across members: outputs for reduce_scatter, inputs for the rest, nothing for ops
+    whose members' shapes may differ."""
     return (
-        pl.when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
+        pl.when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit(""))
+        .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
         .then(pl.col("output_sizes").cast(pl.String))
         .otherwise(pl.col("input_sizes").cast(pl.String))
+    )
+
+
+def all_to_all_totals_ok() -> pl.Expr:
+    """Per collective (in a group_by): what all members send adds up to what they all receive."""
+    return (
+        (pl.col("op").first() != "all_to_all")
+        | (pl.col("input_numel").sum() == pl.col("output_numel").sum())
+        | pl.col("input_numel").is_null().any()
     )
 
 
@@ -208,7 +224,7 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
             pl.col("tracks_completion").sum().alias("n_tracking"),
             (pl.col("op").n_unique() == 1).alias("type_ok"),
             (pl.col("input_dtypes").n_unique() == 1).alias("dtype_ok"),
-            ((pl.col("_shape").n_unique() == 1) & pl.col("_self_ok").all()).alias("size_ok"),
+            ((pl.col("_shape").n_unique() == 1) & pl.col("_self_ok").all() & all_to_all_totals_ok()).alias("size_ok"),
         )
     )
     everyone_in = pl.col("n_present") >= pl.col("n_known")

@@ -1,0 +1,146 @@
+"""Matching rules on small hand-built frames: one rule per test, no files."""
+
+import polars as pl
+import pytest
+
+from flightrec.load import ENTRIES_WITH_GROUP, DUMPS_WITH_LOADED
+from flightrec.match import match
+from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, conform
+
+
+def entry(rank, seq, op="all_reduce", *, group="g", state="completed", ins="[[8]]", outs=None, dtype="Float",
+          record=None, n_in=8, n_out=None, p2p=False, p2p_seq=0, peer=None, name=None):
+    return {
+        "rank": rank, "group": group, "pg_name": group, "pg_desc": "tp", "pg_id": 1, "record_id": record if record is not None else seq,
+        "collective_seq_id": seq, "p2p_seq_id": p2p_seq, "op": op, "profiling_name": name or f"nccl:{op}",
+        "is_p2p": p2p, "peer": peer, "state": state, "input_sizes": ins, "output_sizes": outs or ins,
+        "input_dtypes": dtype, "output_dtypes": dtype, "input_numel": n_in,
+        "output_numel": n_out if n_out is not None else n_in, "time_created_ns": 1000 * seq + rank,
+    }
+
+
+def run(rows, ranks=(0, 1, 2, 3), wrapped=False, backend="nccl", group_ranks=None):
+    group_ranks = list(group_ranks or ranks)
+    entries = conform(pl.DataFrame(rows, infer_schema_length=None), ENTRIES_WITH_GROUP).sort("rank", "record_id")
+    groups = conform(pl.DataFrame({"group": ["g"], "pg_name": ["g"], "pg_desc": ["tp"], "size": [len(group_ranks)],
+                                   "ranks": [group_ranks], "source": ["pg_config"]}), GROUPS)
+    members = conform(pl.DataFrame({"group": ["g"] * len(group_ranks), "rank": group_ranks,
+                                    "local_rank": list(range(len(group_ranks)))}), MEMBERS)
+    dumps = conform(pl.DataFrame({"rank": list(ranks), "loaded": [True] * len(ranks), "wrapped": [wrapped] * len(ranks),
+                                  "backend": [backend] * len(ranks), "problems": [[]] * len(ranks)}), DUMPS_WITH_LOADED)
+    return match(entries, groups, members, dumps, pl.DataFrame(schema=PG_STATUS))
+
+
+def status(m, seq):
+    return m.collectives.filter(pl.col("collective_seq_id") == seq)["status"][0]
+
+
+def test_all_matched():
+    m = run([entry(r, s) for r in range(4) for s in (1, 2)])
+    assert m.collectives["status"].to_list() == ["matched", "matched"]
+    assert m.divergences.height == 0
+
+
+def test_not_joined_names_the_laggard():
+    rows = [entry(r, s) for r in range(4) for s in (1, 2) if not (r == 2 and s == 2)]
+    rows = [dict(e, state="started") if e["collective_seq_id"] == 2 else e for e in rows]
+    m = run(rows)
+    assert status(m, 2) == "not_joined"
+    d = m.divergences.row(0, named=True)
+    assert (d["collective_seq_id"], d["ranks"], d["ambiguous"]) == (2, [2], False)
+    prog = m.progress.filter(pl.col("rank") == 2).row(0, named=True)
+    assert (prog["last_enqueued"], prog["behind"]) == (1, 1)
+
+
+def test_type_mismatch_minority():
+    rows = [entry(r, 1, op="all_gather" if r == 3 else "all_reduce") for r in range(4)]
+    d = run(rows).divergences.row(0, named=True)
+    assert (d["status"], d["ranks"], d["majority"], d["minority"]) == ("type_mismatch", [3], "all_reduce", "all_gather")
+
+
+def test_dtype_mismatch_minority():
+    d = run([entry(r, 1, dtype="BFloat16" if r == 0 else "Float") for r in range(4)]).divergences.row(0, named=True)
+    assert (d["status"], d["ranks"]) == ("dtype_mismatch", [0])
+
+
+def test_size_mismatch_minority():
+    d = run([entry(r, 1, ins="[[16]]" if r == 1 else "[[8]]") for r in range(4)]).divergences.row(0, named=True)
+    assert (d["status"], d["ranks"]) == ("size_mismatch", [1])
+
+
+def test_all_gather_output_must_be_input_times_group_size():
+    rows = [entry(r, 1, op="all_gather", ins="[[8]]", outs="[[32]]", n_in=8, n_out=32) for r in range(3)]
+    rows.append(entry(3, 1, op="all_gather", ins="[[8]]", outs="[[24]]", n_in=8, n_out=24))
+    d = run(rows).divergences.row(0, named=True)
+    assert (d["status"], d["ranks"]) == ("size_mismatch", [3])
+
+
+def test_reduce_scatter_input_must_be_output_times_group_size():
+    ok = [entry(r, 1, op="reduce_scatter", ins="[[32]]", outs="[[8]]", n_in=32, n_out=8) for r in range(4)]
+    assert status(run(ok), 1) == "matched"
+    bad = ok[:3] + [entry(3, 1, op="reduce_scatter", ins="[[16]]", outs="[[8]]", n_in=16, n_out=8)]
+    assert run(bad).divergences.row(0, named=True)["ranks"] == [3]
+
+
+def test_all_to_all_uneven_splits_match_by_totals():
+    rows = [entry(0, 1, op="all_to_all", ins="[[10]]", outs="[[6]]", n_in=10, n_out=6),
+            entry(1, 1, op="all_to_all", ins="[[2]]", outs="[[6]]", n_in=2, n_out=6)]
+    assert status(run(rows, ranks=(0, 1)), 1) == "matched"
+    rows[1] = entry(1, 1, op="all_to_all", ins="[[3]]", outs="[[6]]", n_in=3, n_out=6)
+    assert status(run(rows, ranks=(0, 1)), 1) == "size_mismatch"
+
+
+def test_coalesced_batch_is_one_unit():
+    def batch(r, second):
+        return [entry(r, 1, op="all_reduce", ins="[[8]]", record=10, state="scheduled"),
+                entry(r, 1, op="all_reduce", ins=second, record=11, state="scheduled"),
+                entry(r, 1, op="coalesced", ins="[]", record=12, n_in=0, name="nccl:allreduce_coalesced")]
+    same = [e for r in range(4) for e in batch(r, "[[4]]")]
+    m = run(same)
+    assert m.collectives.height == 1 and status(m, 1) == "matched"
+    assert m.units.filter(pl.col("rank") == 0)["n_entries"].to_list() == [3]
+    diff = [e for r in range(4) for e in batch(r, "[[2]]" if r == 2 else "[[4]]")]
+    assert run(diff).divergences.row(0, named=True)["ranks"] == [2]
+
+
+def test_in_flight_everywhere_and_state_disagreement():
+    rows = [entry(r, 1, state="started") for r in range(4)]
+    assert status(run(rows), 1) == "in_flight"
+    rows = [entry(r, 1, state="completed" if r < 3 else "started") for r in range(4)]
+    assert status(run(rows), 1) == "state_mismatch"
+
+
+def test_gloo_never_in_flight():
+    rows = [entry(r, 1, state="scheduled") for r in range(4)]
+    assert status(run(rows, backend="gloo"), 1) == "matched"
+
+
+def test_window_every_member_covers():
+    """A wrapped buffer that lost seq 1-2 on rank 0 is no evidence of rank 0 missing them."""
+    rows = [entry(r, s) for r in range(4) for s in (1, 2, 3, 4) if not (r == 0 and s < 3)]
+    m = run(rows, wrapped=True)
+    assert m.collectives["collective_seq_id"].to_list() == [3, 4]
+    assert set(m.collectives["status"].to_list()) == {"matched"}
+
+
+def test_keeps_going_after_the_first_mismatch():
+    rows = [entry(r, s, dtype="Double" if (r == 1 and s in (1, 3)) else "Float") for r in range(4) for s in (1, 2, 3)]
+    m = run(rows)
+    assert m.collectives["status"].to_list() == ["dtype_mismatch", "matched", "dtype_mismatch"]
+    assert m.divergences.row(0, named=True)["later_mismatches"] == 1
+
+
+def test_tie_is_ambiguous():
+    d = run([entry(r, 1, dtype="Double" if r < 2 else "Float") for r in range(4)]).divergences.row(0, named=True)
+    assert d["ambiguous"] is True
+
+
+def test_p2p_pairs_and_unmatched():
+    def p2p(rank, op, peer, state, record):
+        return entry(rank, 0, op=op, p2p=True, p2p_seq=record, peer=peer, state=state, record=record,
+                     name=f"nccl:{op} 0->1", ins="[[4]]")
+    rows = [p2p(0, "send", 1, "completed", 1), p2p(1, "recv", 0, "completed", 1),
+            p2p(0, "send", 1, "started", 2)]
+    m = run(rows, ranks=(0, 1))
+    assert m.p2p["status"].to_list() == ["matched", "unmatched_send"]
+    assert m.p2p.row(1, named=True)["send_rank"] == 0
