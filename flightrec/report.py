@@ -86,6 +86,16 @@ class Report:
     timing: Any = field(default=None, repr=False, compare=False)
 
     @property
+    def collectives(self):
+        """One row per (group, seq) with its match status (`matching.collectives`)."""
+        return self.matching.collectives
+
+    @property
+    def progress(self):
+        """One row per (group, member): how far it got (`matching.progress`)."""
+        return self.matching.progress
+
+    @property
     def root_causes(self) -> list[Finding]:
         return [f for f in self.findings if f.role == "root_cause"]
 

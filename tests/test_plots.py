@@ -57,3 +57,11 @@ def test_timeline_draws_one_bar_per_entry(report):
 def test_lateness_plot_has_a_line_per_rank(report):
     fig = plots.lateness(report, ranks=[0, 6])
     assert [line.get_label() for line in fig.axes[0].lines][:2] == ["rank 0", "rank 6"]
+
+
+def test_report_exposes_the_frames_and_html(report):
+    assert report.collectives is report.matching.collectives
+    assert report.progress.filter(report.progress["behind"] > 0).height > 0
+    assert report.waits.edges.height > 0 and report.trace.entries.height > 0
+    html = report._repr_html_()
+    assert "FAULT: rank 6" in html and "<table>" in html
