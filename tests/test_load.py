@@ -135,3 +135,37 @@ def test_every_recorded_fixture_loads(case):
 def test_format_ranks():
     assert format_ranks([0, 1, 2, 3, 7, 9, 10]) == "0-3, 7, 9-10"
     assert format_ranks(range(0, 100, 2), limit=3).endswith("(50 ranks)")
+
+
+def _old_entry(rank, seq, **extra):
+    e = {"pg_id": 0, "seq_id": seq, "profiling_name": "nccl:all_reduce", "input_sizes": [[8]],
+         "output_sizes": [[8]], "state": "completed", "retired": True, "frames": []}
+    e.update(extra)
+    return e
+
+
+def test_torch_2_2_bare_list_dumps(tmp_path):
+    """torch 2.2 pickled a bare list of entries: no version, seq_id, microsecond timestamps."""
+    for rank in (0, 1):
+        entries = [_old_entry(rank, s, time_created_us=1_700_000_000_000_000 + s) for s in (1, 2)]
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(entries, protocol=2))
+    trace = load(tmp_path)
+    assert trace.dumps["version"].to_list() == ["1.0", "1.0"]
+    e = trace.entries.filter(pl.col("rank") == 0)
+    assert e["collective_seq_id"].to_list() == [1, 2]
+    assert e["time_created_ns"].to_list() == [1_700_000_000_000_001_000, 1_700_000_000_000_002_000]
+    assert e["group"].to_list() == ["0", "0"]
+
+
+def test_recorder_1_4_pg_config_lists(tmp_path):
+    """'1.4' (torch 2.3): pg_config is {pg_id: [ranks]}, entries carry seq_id and record_id, no process_group."""
+    for rank in (0, 1, 2):
+        dump = {"version": "1.4", "pg_config": {0: [0, 1, 2]},
+                "entries": [_old_entry(rank, s, record_id=s - 1, op_id=s, time_created_ns=10 + s) for s in (1, 2, 3)
+                            if not (rank == 2 and s == 3)]}
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump, protocol=2))
+    trace = load(tmp_path)
+    assert trace.groups.select("group", "size").rows() == [("0", 3)]
+    from flightrec import analyze
+    report = analyze(tmp_path)
+    assert report.culprits["ranks"] == [2] and report.root_causes[0].collective_seq_id == 3
