@@ -51,25 +51,24 @@ class TimingResult:
 
 
 def _instances(units: pl.DataFrame) -> pl.DataFrame:
-    """Collectives every present member enqueued, with at least two members timed."""
-    return (units.filter(pl.col("time_created_ns").is_not_null())
-            .with_columns(pl.len().over("group", "collective_seq_id").alias("_n"))
-            .filter(pl.col("_n") >= 2))
+    """Collectives with an enqueue time (groups of one member were dropped up front)."""
+    return units.filter(pl.col("time_created_ns").is_not_null())
 
 
-def _cross_host(frame: pl.DataFrame) -> pl.DataFrame:
-    """Only groups whose members sit on more than one host: inside one host there is no clock to estimate
-    and no host to blame. Decided per group (small), not per collective."""
-    spanning = (frame.select("group", "host").unique().group_by("group").len()
+def with_hosts(units: pl.DataFrame, hosts: pl.DataFrame) -> pl.DataFrame:
+    """Each unit's host, and `cross`: its group spans more than one host (inside one host there is no clock
+    to estimate and no host to blame). Joined once, decided per group (small), shared by every stage."""
+    framed = units.join(hosts, on="rank", how="left")
+    spanning = (framed.select("group", "host").unique().group_by("group").len()
                 .filter(pl.col("len") > 1).select("group"))
-    return frame.join(spanning, on="group", how="semi")
+    return framed.with_columns(pl.col("group").is_in(spanning["group"].implode()).alias("cross"))
 
 
-def clock_offsets(units: pl.DataFrame, hosts: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
+def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
     """Per host, how far its clock is ahead, from completion times (a collective ends at one instant on every
     member). Solved by a few rounds of: offset += median deviation from the collective's corrected median.
-    Only differences between hosts matter; offsets are centred on zero."""
-    done = _cross_host(units.filter(pl.col("time_completed_ns").is_not_null()).join(hosts, on="rank"))
+    Only differences between hosts matter; offsets are centred on zero. `units` come from `with_hosts`."""
+    done = units.filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null())
     if done.height == 0:
         return pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64})
     done = done.select("group", "collective_seq_id", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms"))
@@ -84,12 +83,13 @@ def clock_offsets(units: pl.DataFrame, hosts: pl.DataFrame, rounds: int = 2) -> 
     return offsets.with_columns(pl.col("clock_offset_ms") - pl.col("clock_offset_ms").median()).sort("host")
 
 
-def lateness(units: pl.DataFrame, hosts: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
-    inst = _instances(units).join(hosts, on="rank", how="left").join(offsets, on="host", how="left")
+def lateness(units: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
+    """Each member's lateness (ms) against the first member of the collective, clock offsets removed."""
+    inst = _instances(units).join(offsets, on="host", how="left")
     inst = inst.with_columns(
         (pl.col("time_created_ns") - (pl.col("clock_offset_ms").fill_null(0.0) * 1e6)).alias("_t"))
     return inst.select(
-        "group", "collective_seq_id", "rank", "host",
+        "group", "collective_seq_id", "rank", "host", "cross",
         ((pl.col("_t") - pl.col("_t").min().over("group", "collective_seq_id")) / 1e6).alias("late_ms"),
     )
 
@@ -112,7 +112,7 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
     )
     # A whole host that is late is late against other hosts: judge it on cross-host collectives only.
     per_host = (
-        _cross_host(late.filter(pl.col("host").is_not_null())).group_by("host").agg(
+        late.filter(pl.col("cross") & pl.col("host").is_not_null()).group_by("host").agg(
             pl.col("rank").unique().sort().alias("ranks"),
             pl.len().alias("n"),
             pl.col("late_ms").median().alias("median_late_ms"),
@@ -155,9 +155,8 @@ def _localize(speeds: pl.DataFrame, units: pl.DataFrame, topo: Topology) -> tupl
     """Group testing: slow groups are positives, judged groups that are not slow are negatives."""
     if not speeds["slow"].any() or not topo.host_of:
         return [], []
-    hosts = topo.frame()
-    host_sets = (units.select("group", "rank").unique().join(hosts, on="rank")
-                 .group_by("group").agg(pl.col("host").unique()))
+    host_sets = (units.select("group", "host").drop_nulls().unique()
+                 .group_by("group").agg(pl.col("host")))
     slow_set = set(speeds.filter(pl.col("slow"))["group"].to_list())
     judged = set(speeds["group"].to_list())
     slow_hosts = [set(h) for g, h in host_sets.iter_rows() if g in slow_set]
@@ -174,13 +173,19 @@ def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
                    opts: TimingOptions | None = None) -> TimingResult:
     opts = opts or TimingOptions()
     hosts = topo.frame()
-    # only what timing reads, with the group as a Categorical: every window below hashes it
-    units = units.select(pl.col("group").cast(pl.Categorical), "collective_seq_id", "rank", "op", "input_sizes",
-                         "time_created_ns", "time_completed_ns")
-    units = units.filter(pl.col("collective_seq_id") > pl.col("collective_seq_id").max().over("group") - opts.window)
-    groups = groups.select(pl.col("group").cast(pl.Categorical), "pg_desc")
-    offsets = clock_offsets(units, hosts)
-    late = lateness(units, hosts, offsets)
+    # Only what timing reads, of each multi-member group's last `window` collectives; the group becomes a
+    # Categorical after the cut, since every window below hashes it.
+    top = units.group_by("group").agg(pl.col("collective_seq_id").max().alias("_top")).join(
+        groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
+    units = (units.select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
+                          "time_completed_ns")
+             .join(top, on="group")
+             .filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window).drop("_top")
+             .with_columns(pl.col("group").cast(pl.Categorical)))
+    groups = groups.select(pl.col("group").cast(pl.Categorical), "pg_desc", "size")
+    units = with_hosts(units, hosts)
+    offsets = clock_offsets(units)
+    late = lateness(units, offsets)
     per_rank, per_host, threshold = stragglers(late, opts)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
