@@ -106,6 +106,7 @@ class Report:
             "ranks": sorted({r for f in roots for r in f.ranks}),
             "hosts": sorted({h for f in roots for h in f.hosts}),
             "links": sorted({tuple(sorted(link)) for f in roots for link in f.links}),
+            "switches": sorted({f.evidence["switch"] for f in roots if f.kind == "switch"}),
         }
 
     @property
@@ -118,7 +119,8 @@ class Report:
             "report_version": REPORT_VERSION,
             "verdict": self.verdict,
             "summary": self.summary,
-            "culprits": {"ranks": c["ranks"], "hosts": c["hosts"], "links": [list(x) for x in c["links"]]},
+            "culprits": {"ranks": c["ranks"], "hosts": c["hosts"], "links": [list(x) for x in c["links"]],
+                         "switches": c["switches"]},
             "findings": [f.to_dict() for f in self.findings],
             "dumps": {
                 "world_size": self.dumps.world_size,
@@ -173,6 +175,8 @@ class Report:
                 lines.append(f"| hosts | {', '.join(c['hosts'])} |")
             if c["links"]:
                 lines.append(f"| links | {', '.join(' <-> '.join(x) for x in c['links'])} |")
+            if c["switches"]:
+                lines.append(f"| switches | {', '.join(c['switches'])} |")
             lines.append("")
         lines += ["| role | kind | finding |", "|---|---|---|"]
         for f in self.findings:

@@ -278,6 +278,27 @@ def _stuck_findings(ctx: _Context, loc: Location | None, explained: set[int]) ->
     return [Finding(kind="stuck_in_flight", role="symptom", message=msg, ranks=loc.stuck_ranks, evidence=evidence)]
 
 
+def _switch_findings(ctx: _Context, roots: list[Finding]) -> list[Finding]:
+    """With a topology file: when every host under one leaf switch is implicated, the switch is the suspect."""
+    if not ctx.topo.switch_of:
+        return []
+    implicated = {h for f in roots for h in f.hosts} | {h for f in roots for link in f.links for h in link}
+    under: dict[str, list[str]] = defaultdict(list)
+    for host, switch in ctx.topo.switch_of.items():
+        under[switch].append(host)
+    out = []
+    for switch, hosts in sorted(under.items()):
+        if len(hosts) > 1 and set(hosts) <= implicated:
+            ranks = sorted(r for h in hosts for r in ctx.topo.ranks_on(h))
+            out.append(Finding(
+                kind="switch", role="root_cause", hosts=sorted(hosts), ranks=ranks,
+                message=f"switch {switch}: all {len(hosts)} hosts under it ({', '.join(sorted(hosts)[:6])}"
+                        f"{', ...' if len(hosts) > 6 else ''}) are implicated above: suspect the switch",
+                evidence={"switch": switch, "hosts": sorted(hosts)},
+            ))
+    return out
+
+
 def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
     edges = ctx.w.edges.filter(pl.col("src").str.starts_with("r:")).with_columns(
         pl.col("src").str.slice(2).cast(pl.Int64).alias("rank"))
@@ -359,6 +380,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     stuck_findings = _stuck_findings(ctx, loc, explained)
 
     findings = [f for f in roots if f.role == "root_cause"] + [f for f in stuck_findings if f.role == "root_cause"]
+    findings += _switch_findings(ctx, findings)
     culprits = {r for f in findings for r in f.ranks}
     # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
     symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)

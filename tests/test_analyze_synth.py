@@ -149,3 +149,23 @@ def test_json_dumps_give_the_same_answer(make_job):
     job = synth.Job(tp=4, pp=2, dp=2, fault=synth.Fault(kind="not_joined", rank=6))
     report, _ = run(make_job, job, fmt="json")
     assert culprits(report)[0] == [6]
+
+
+def test_topology_rolls_hosts_up_to_their_switch(make_job, tmp_path):
+    """Two hosts under one leaf switch both gone: the switch is the suspect."""
+    job = synth.Job(tp=4, pp=2, dp=4, ranks_per_host=4, fault=synth.Fault(kind="not_joined", rank=9, phase="tp"))
+    out, _ = make_job(job, per_host_folders=True)
+    for host in ("node00002", "node00003"):
+        for f in (out / host).iterdir():
+            f.unlink()
+        (out / host).rmdir()
+    hosts = tmp_path / "hosts.csv"
+    hosts.write_text("rank,host\n" + "".join(f"{r},{job.host_of(r)}\n" for r in range(job.world_size)))
+    topo = tmp_path / "topo.csv"
+    topo.write_text("host,switch\n" + "".join(f"node{i:05d},leaf{i // 2}\n" for i in range(8)))
+    report = analyze(out, hosts_file=hosts, topology_file=topo)
+    jsonschema.validate(report.to_dict(), SCHEMA)
+    assert report.culprits["switches"] == ["leaf1"]
+    assert report.culprits["hosts"] == ["node00002", "node00003"]
+    switch = next(f for f in report.findings if f.kind == "switch")
+    assert switch.role == "root_cause" and switch.ranks == list(range(8, 16))

@@ -36,7 +36,7 @@ def test_analyze_json_fault(runner, hung):
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert data["verdict"] == "fault"
-    assert data["culprits"] == {"ranks": [6], "hosts": ["node00001"], "links": []}
+    assert data["culprits"] == {"ranks": [6], "hosts": ["node00001"], "links": [], "switches": []}
     assert "Traceback" not in result.stderr
 
 
@@ -163,7 +163,7 @@ def test_per_host_shards_analysed_from_parquet_only(runner, make_job, tmp_path):
         assert result.exit_code == 0, result.stderr
     assert not list(shards.rglob("nccl_trace_rank_*"))
     data = json.loads(runner.invoke(main, ["analyze", str(shards), "-f", "json"]).stdout)
-    assert data["culprits"] == {"ranks": [9], "hosts": ["node00002"], "links": []}
+    assert data["culprits"] == {"ranks": [9], "hosts": ["node00002"], "links": [], "switches": []}
     assert data["dumps"]["loaded"] == 16
 
 

@@ -39,7 +39,7 @@ def test_api_names_the_injected_fault(case):
             assert root.process_group.desc == fault["process_group_desc"]
     else:
         assert report.verdict == "healthy", report.summary
-        assert report.culprits == {"ranks": [], "hosts": [], "links": []}
+        assert report.culprits == {"ranks": [], "hosts": [], "links": [], "switches": []}
 
 
 def test_per_host_folders_name_the_host():
