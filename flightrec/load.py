@@ -435,6 +435,7 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
     shards = find_shards(path)
     if shards:
         raw = read_shards(shards)  # converted next to the job: Parquet only, no pickle to parse
+        _warn_unconverted(path, shards, options.prefix)
     else:
         raw = load_raw(path, options)
 
@@ -444,6 +445,22 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
     if not raw["dumps"]["loaded"].any():
         raise NoDumpsError(f"{root}: none of the {raw['dumps'].height} dump files could be read; see the warnings above")
     return assemble(raw, root, options.world_size)
+
+
+def _warn_unconverted(path: str | os.PathLike, shards: list[Path], prefix: str | None) -> None:
+    """Shards win over raw dumps in the same tree; say so rather than ignore the dumps silently."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            files = discover(path, prefix)
+    except NoDumpsError:
+        return
+    inside = [str(s) + os.sep for s in shards]
+    loose = [f for f in files if not str(f.path).startswith(tuple(inside))]
+    if loose:
+        warnings.warn(f"{path}: read {len(shards)} converted shard(s) and ignored {len(loose)} dump "
+                      f"file(s) outside them (e.g. {loose[0].path.name}); convert those too, or point flightrec at "
+                      "a folder holding only one kind", stacklevel=3)
 
 
 def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.DataFrame]:

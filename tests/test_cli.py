@@ -181,3 +181,10 @@ def test_every_command_has_help_with_an_example_and_a_readme_mention(runner):
 
 def test_version(runner):
     assert runner.invoke(main, ["--version"]).stdout.startswith("flightrec, version")
+
+
+def test_dumps_beside_shards_are_named_not_silently_ignored(runner, hung, tmp_path):
+    shard = hung / "converted"
+    assert runner.invoke(main, ["convert", str(hung / "node00000"), str(shard), "--shard-only"]).exit_code == 0
+    result = runner.invoke(main, ["analyze", str(hung), "-f", "json"])
+    assert "ignored 16 dump file(s) outside them" in result.stderr  # the pickles stay beside the shard
