@@ -48,7 +48,7 @@ def stuck_tests(m: Matching) -> pl.DataFrame:
     return pl.concat([coll_ranks.select("group", "collective_seq_id", "rank"), p2p_ranks]).unique()
 
 
-def locate(m: Matching, topo: Topology, exclude: set[int] = frozenset()) -> Location | None:
+def locate(m: Matching, topo: Topology, exclude: frozenset[int] | set[int] = frozenset()) -> Location | None:
     """Group testing over stuck groups. Groups with a member in `exclude` (ranks that wait on someone else)
     are left out: that member's GPU may be queued behind its other wait, so the group proves nothing."""
     tests = stuck_tests(m)

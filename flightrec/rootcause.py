@@ -182,7 +182,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
                              on=["group", "collective_seq_id"])
             .group_by("group", "collective_seq_id").agg(pl.col("time_created_ns").min().alias("_t")))
     edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
-    by_instance: dict[tuple[str, int | None], list[int]] = defaultdict(list)
+    by_instance: dict[tuple[str, int | None, str], list[int]] = defaultdict(list)  # (group, seq, edge kind)
     for r in roots:
         if r in missing:
             continue
