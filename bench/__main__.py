@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-from pathlib import Path
 
 from .data import dataset
 from .ingest import PICKLE_FLOOR, parse_sizes

@@ -38,7 +38,7 @@ def run_argv(argv: list[str], timeout: float = 3600, parse: bool = True) -> dict
             pass
         if time.monotonic() - start > timeout:
             proc.kill()
-            raise TimeoutError(code)
+            raise TimeoutError(" ".join(argv)[:200])
         time.sleep(0.02)
     out, err = proc.communicate()
     if not parse:

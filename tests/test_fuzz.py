@@ -9,7 +9,6 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

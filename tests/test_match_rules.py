@@ -1,7 +1,6 @@
 """Matching rules on small hand-built frames: one rule per test, no files."""
 
 import polars as pl
-import pytest
 
 from flightrec.load import ENTRIES_WITH_GROUP, DUMPS_WITH_LOADED
 from flightrec.match import match
