@@ -26,10 +26,20 @@ from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
 from .flatten import derive_entries, flatten_dump
 from .readers import read_dump
-from .shards import find_shards, read_shards
 from .schema import (
-    DUMPS, ENTRIES, GROUPS, MEMBERS, MEMBERSHIPS, PG_STATUS, RANK_LISTS, RAW_PG_CONFIG, STACKS, conform, empty,
+    DUMPS,
+    ENTRIES,
+    GROUPS,
+    MEMBERS,
+    MEMBERSHIPS,
+    PG_STATUS,
+    RANK_LISTS,
+    RAW_PG_CONFIG,
+    STACKS,
+    conform,
+    empty,
 )
+from .shards import find_shards, read_shards
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 import polars as pl
 
 from .schema import (
-    COLLECTIVES, DIVERGENCES, MISMATCH_STATUSES, P2P_OPS_SCHEMA, PROGRESS, conform,
+    COLLECTIVES,
+    DIVERGENCES,
+    MISMATCH_STATUSES,
+    P2P_OPS_SCHEMA,
+    PROGRESS,
+    conform,
 )
 
 

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from flightrec import LoadOptions, load, synth
-from flightrec.load import ENTRIES_WITH_GROUP, DUMPS_WITH_LOADED, format_ranks
+from flightrec.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
 from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
 
 from .conftest import FIXTURES, recorded_cases

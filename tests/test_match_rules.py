@@ -2,7 +2,7 @@
 
 import polars as pl
 
-from flightrec.load import ENTRIES_WITH_GROUP, DUMPS_WITH_LOADED
+from flightrec.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP
 from flightrec.match import match
 from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, conform
 
