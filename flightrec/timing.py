@@ -71,12 +71,12 @@ def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
     done = units.filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null())
     if done.height == 0:
         return pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64})
-    done = done.select("group", "collective_seq_id", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms"))
+    done = done.select("_inst", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms"))
     offsets = done.select("host").unique().with_columns(pl.lit(0.0).alias("clock_offset_ms"))
     for _ in range(rounds):
         dev = (done.join(offsets, on="host")
                .with_columns((pl.col("_ms") - pl.col("clock_offset_ms")).alias("_c"))
-               .with_columns((pl.col("_c") - pl.col("_c").median().over("group", "collective_seq_id")).alias("_d")))
+               .with_columns((pl.col("_c") - pl.col("_c").median().over("_inst")).alias("_d")))
         step = dev.group_by("host").agg(pl.col("_d").median().alias("_step"))
         offsets = offsets.join(step, on="host").select(
             "host", (pl.col("clock_offset_ms") + pl.col("_step")).alias("clock_offset_ms"))
@@ -90,7 +90,7 @@ def lateness(units: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
         (pl.col("time_created_ns") - (pl.col("clock_offset_ms").fill_null(0.0) * 1e6)).alias("_t"))
     return inst.select(
         "group", "collective_seq_id", "rank", "host", "cross",
-        ((pl.col("_t") - pl.col("_t").min().over("group", "collective_seq_id")) / 1e6).alias("late_ms"),
+        ((pl.col("_t") - pl.col("_t").min().over("_inst")) / 1e6).alias("late_ms"),
     )
 
 
@@ -134,8 +134,9 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
         return pl.DataFrame(schema={"group": pl.String, "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
     # the collective's own time: from the last member's arrival to the completion (waiting is not slowness)
-    per_inst = (timed.group_by("group", "collective_seq_id")
-                .agg(pl.col("op").first(), pl.col("input_sizes").first().cast(pl.String).alias("_shape"),
+    per_inst = (timed.group_by("_inst")
+                .agg(pl.col("group").first(), pl.col("op").first(),
+                     pl.col("input_sizes").first().cast(pl.String).alias("_shape"),
                      ((pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6).alias("ms")))
     per_group = (per_inst.join(groups.select("group", "pg_desc"), on="group", how="left")
                  .group_by("group", "pg_desc", "op", "_shape").agg(pl.col("ms").median().alias("median_ms")))
@@ -181,7 +182,10 @@ def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
                           "time_completed_ns")
              .join(top, on="group")
              .filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window).drop("_top")
-             .with_columns(pl.col("group").cast(pl.Categorical)))
+             .with_columns(pl.col("group").cast(pl.Categorical))
+             # one integer per collective: every window below is over it, and one u64 hashes fastest
+             .with_columns((pl.col("group").to_physical().cast(pl.UInt64) * (1 << 32)
+                            + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst")))
     groups = groups.select(pl.col("group").cast(pl.Categorical), "pg_desc", "size")
     units = with_hosts(units, hosts)
     offsets = clock_offsets(units)
