@@ -46,14 +46,9 @@ class AnalyzeOptions:
 def run_match(trace: Trace, pg: str | None = None) -> Matching:
     entries, groups, members = trace.entries, trace.groups, trace.members
     if pg is not None:
-        keep = groups.filter((pl.col("pg_name") == pg) | (pl.col("pg_desc") == pg) | (pl.col("group") == pg))
-        if keep.height == 0:
-            from .errors import FlightrecError
-            names = sorted({*groups["pg_desc"].drop_nulls().to_list(), *groups["pg_name"].to_list()})
-            raise FlightrecError(f"no process group is named or described {pg!r}; known: {', '.join(names[:20])}")
-        groups = keep
-        entries = entries.join(keep.select("group"), on="group", how="semi")
-        members = members.join(keep.select("group"), on="group", how="semi")
+        groups = trace.select_groups(pg)
+        entries = entries.join(groups.select("group"), on="group", how="semi")
+        members = members.join(groups.select("group"), on="group", how="semi")
     return match(entries, groups, members, trace.dumps, trace.pg_status)
 
 

@@ -88,6 +88,21 @@ class Trace:
     pg_status: pl.DataFrame
     world_size: int
 
+    def select_groups(self, pg: str | None) -> pl.DataFrame:
+        """The groups whose name, desc or identity is `pg` (all groups for None).
+
+        Raises:
+            FlightrecError: no group matches; the message lists the known names and descs.
+        """
+        if pg is None:
+            return self.groups
+        keep = self.groups.filter((pl.col("pg_name") == pg) | (pl.col("pg_desc") == pg) | (pl.col("group") == pg))
+        if keep.height == 0:
+            names = sorted({*self.groups["pg_desc"].drop_nulls().to_list(), *self.groups["pg_name"].to_list()})
+            raise FlightrecError(f"no process group is named or described {pg!r}; known: {', '.join(names[:20])} "
+                                 "(see `flightrec groups`)")
+        return keep
+
     def relative(self, path: str) -> str:
         """A dump's path as the user knows it: relative to the directory they passed."""
         try:

@@ -24,24 +24,12 @@ def text_table(df: pl.DataFrame, max_width: int = 48) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
-def _select_groups(trace: Trace, pg: str | None) -> pl.DataFrame:
-    groups = trace.groups
-    if pg is None:
-        return groups
-    from .errors import FlightrecError
-
-    keep = groups.filter((pl.col("pg_name") == pg) | (pl.col("pg_desc") == pg) | (pl.col("group") == pg))
-    if keep.height == 0:
-        raise FlightrecError(f"no process group is named or described {pg!r}; see `flightrec groups`")
-    return keep
-
-
 def entries_frame(trace: Trace, ranks: list[int] | None = None, pg: str | None = None, last: int = 20) -> pl.DataFrame:
     e = trace.entries
     if ranks:
         e = e.filter(pl.col("rank").is_in(ranks))
     if pg is not None:
-        e = e.join(_select_groups(trace, pg).select("group"), on="group", how="semi")
+        e = e.join(trace.select_groups(pg).select("group"), on="group", how="semi")
     e = e.sort("rank", "record_id").group_by("rank", maintain_order=True).tail(last)
     return e.select(
         "rank", "record_id", "group", "pg_desc", "collective_seq_id", "p2p_seq_id", "op", "profiling_name",
@@ -59,7 +47,7 @@ def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width
         from .errors import FlightrecError
 
         raise FlightrecError("--around needs --pg: sequence ids are per process group")
-    groups = _select_groups(trace, pg)
+    groups = trace.select_groups(pg)
     e = trace.entries.join(groups.select("group"), on="group", how="semi").filter(
         ~pl.col("is_p2p") & pl.col("collective_seq_id").is_between(seq - width, seq + width))
     if ranks:
