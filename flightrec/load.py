@@ -438,7 +438,7 @@ def _check_declared_ranks(dumps: pl.DataFrame, memberships: pl.DataFrame, member
             .drop("_problem"))
 
 
-ENTRIES_WITH_GROUP = pl.Schema({**ENTRIES, "group": pl.String})
+ENTRIES_WITH_GROUP = pl.Schema({**ENTRIES, "group": pl.Categorical()})
 DUMPS_WITH_LOADED = pl.Schema({**DUMPS, "loaded": pl.Boolean})
 
 

@@ -14,6 +14,7 @@ from itertools import combinations
 import polars as pl
 
 from .match import Matching
+from .schema import GroupId
 from .topology import Topology
 
 
@@ -45,7 +46,9 @@ def stuck_tests(m: Matching) -> pl.DataFrame:
                    pl.lit(-1, pl.Int64).alias("collective_seq_id"), pl.col(c).alias("rank"))
         for c in ("send_rank", "recv_rank")
     ])
-    return pl.concat([coll_ranks.select("group", "collective_seq_id", "rank"), p2p_ranks]).unique()
+    # test ids are group names and p2p pair labels: plain strings
+    return pl.concat([coll_ranks.select(pl.col("group").cast(pl.String), "collective_seq_id", "rank"),
+                      p2p_ranks]).unique()
 
 
 def locate(m: Matching, topo: Topology, exclude: frozenset[int] | set[int] = frozenset()) -> Location | None:
@@ -69,7 +72,7 @@ def locate(m: Matching, topo: Topology, exclude: frozenset[int] | set[int] = fro
     common = sorted(set.intersection(*host_sets)) if host_sets else []
 
     # Negative tests: groups that completed a collective after the first stuck op was enqueued.
-    stuck_keys = tests.select("group", "collective_seq_id").unique()
+    stuck_keys = tests.select(pl.col("group").cast(GroupId), "collective_seq_id").unique()
     since = (m.units.join(stuck_keys, on=["group", "collective_seq_id"])["time_created_ns"].min())
     healthy = (
         m.units.join(stuck_keys.select("group"), on="group", how="anti")

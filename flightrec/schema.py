@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 REPORT_VERSION = 1
-CACHE_FORMAT_VERSION = 4
+CACHE_FORMAT_VERSION = 5
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
@@ -33,6 +33,8 @@ Format = pl.Enum(list(FORMATS))
 
 # Tensor shapes, dtypes and the raw profiling name repeat a lot: categoricals keep them one integer a row.
 Text = pl.Categorical()
+# A process group's identity (see GROUPS): categorical, since every stage groups and joins on it.
+GroupId = pl.Categorical()
 
 DUMPS = pl.Schema({
     "rank": pl.Int64,
@@ -88,12 +90,12 @@ MEMBERSHIPS = pl.Schema({
     "pg_name": pl.String,
     "pg_desc": pl.String,
     "ranks_key": pl.UInt64,
-    "group": pl.String,
+    "group": GroupId,
 })
 
 # One row per distinct process group: name plus member set (split groups reuse names).
 GROUPS = pl.Schema({
-    "group": pl.String,           # stable identity: "<name>" or "<name>#<n>" when a name has several member sets
+    "group": GroupId,           # stable identity: "<name>" or "<name>#<n>" when a name has several member sets
     "pg_name": pl.String,
     "pg_desc": pl.String,
     "size": pl.Int64,
@@ -101,7 +103,7 @@ GROUPS = pl.Schema({
     "source": pl.Enum(["pg_config", "inferred"]),
 })
 
-MEMBERS = pl.Schema({"group": pl.String, "rank": pl.Int64, "local_rank": pl.Int64})
+MEMBERS = pl.Schema({"group": GroupId, "rank": pl.Int64, "local_rank": pl.Int64})
 
 PG_STATUS = pl.Schema({
     "rank": pl.Int64,
@@ -147,7 +149,7 @@ MISMATCH_STATUSES = ("type_mismatch", "dtype_mismatch", "size_mismatch")
 
 # One row per (group, member rank), every member, dumped or not.
 PROGRESS = pl.Schema({
-    "group": pl.String,
+    "group": GroupId,
     "rank": pl.Int64,
     "has_dump": pl.Boolean,
     "tracks_completion": pl.Boolean,   # the rank's recorder reports completion (NCCL); Gloo never does
@@ -162,7 +164,7 @@ PROGRESS = pl.Schema({
 })
 
 COLLECTIVES = pl.Schema({
-    "group": pl.String,
+    "group": GroupId,
     "collective_seq_id": pl.Int64,
     "op": Op,
     "size": pl.Int64,
@@ -177,7 +179,7 @@ COLLECTIVES = pl.Schema({
 })
 
 DIVERGENCES = pl.Schema({
-    "group": pl.String,
+    "group": GroupId,
     "collective_seq_id": pl.Int64,
     "status": MatchStatus,
     "op": Op,
@@ -189,7 +191,7 @@ DIVERGENCES = pl.Schema({
 })
 
 P2P_OPS_SCHEMA = pl.Schema({
-    "group": pl.String,
+    "group": GroupId,
     "src": pl.Int64,
     "dst": pl.Int64,
     "ordinal": pl.Int64,               # k-th transfer src -> dst (in the window, or among pending ones)

@@ -55,13 +55,15 @@ def _instances(units: pl.DataFrame) -> pl.DataFrame:
     return units.filter(pl.col("time_created_ns").is_not_null())
 
 
-def with_hosts(units: pl.DataFrame, hosts: pl.DataFrame) -> pl.DataFrame:
+def with_hosts(units: pl.DataFrame, hosts: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
     """Each unit's host, and `cross`: its group spans more than one host (inside one host there is no clock
-    to estimate and no host to blame). Joined once, decided per group (small), shared by every stage."""
-    framed = units.join(hosts, on="rank", how="left")
-    spanning = (framed.select("group", "host").unique().group_by("group").len()
-                .filter(pl.col("len") > 1).select("group"))
-    return framed.with_columns(pl.col("group").is_in(spanning["group"].implode()).alias("cross"))
+    to estimate and no host to blame). Decided from the groups' member lists (small), joined once, shared by
+    every stage."""
+    spanning = (groups.select("group", pl.col("ranks").alias("rank")).explode("rank")
+                .join(hosts, on="rank").group_by("group").agg(pl.col("host").n_unique().alias("_hosts"))
+                .filter(pl.col("_hosts") > 1))
+    return units.join(hosts, on="rank", how="left").with_columns(
+        pl.col("group").is_in(spanning["group"].implode()).alias("cross"))
 
 
 def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
@@ -70,7 +72,7 @@ def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
     Only differences between hosts matter; offsets are centred on zero. `units` come from `with_hosts`."""
     done = units.filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null())
     if done.height == 0:
-        return pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64})
+        return pl.DataFrame(schema={"host": pl.Categorical(), "clock_offset_ms": pl.Float64})
     done = done.select("_inst", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms"))
     offsets = done.select("host").unique().with_columns(pl.lit(0.0).alias("clock_offset_ms"))
     for _ in range(rounds):
@@ -131,7 +133,7 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
     op and shapes in peer groups. Groups without peers are not judged."""
     timed = units.filter(pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
     if timed.height == 0:
-        return pl.DataFrame(schema={"group": pl.String, "op": pl.String, "median_ms": pl.Float64,
+        return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
     # the collective's own time: from the last member's arrival to the completion (waiting is not slowness)
     per_inst = (timed.group_by("_inst")
@@ -174,20 +176,17 @@ def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
                    opts: TimingOptions | None = None) -> TimingResult:
     opts = opts or TimingOptions()
     hosts = topo.frame()
-    # Only what timing reads, of each multi-member group's last `window` collectives; the group becomes a
-    # Categorical after the cut, since every window below hashes it.
+    # Only what timing reads, of each multi-member group's last `window` collectives.
     top = units.group_by("group").agg(pl.col("collective_seq_id").max().alias("_top")).join(
         groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
     units = (units.select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
                           "time_completed_ns")
              .join(top, on="group")
              .filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window).drop("_top")
-             .with_columns(pl.col("group").cast(pl.Categorical))
              # one integer per collective: every window below is over it, and one u64 hashes fastest
              .with_columns((pl.col("group").to_physical().cast(pl.UInt64) * (1 << 32)
                             + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst")))
-    groups = groups.select(pl.col("group").cast(pl.Categorical), "pg_desc", "size")
-    units = with_hosts(units, hosts)
+    units = with_hosts(units, hosts, groups)
     offsets = clock_offsets(units)
     late = lateness(units, offsets)
     per_rank, per_host, threshold = stragglers(late, opts)

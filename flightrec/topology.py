@@ -34,7 +34,7 @@ class Topology:
 
     def frame(self) -> pl.DataFrame:
         return pl.DataFrame({"rank": list(self.host_of), "host": list(self.host_of.values())},
-                            schema={"rank": pl.Int64, "host": pl.String}).sort("rank")
+                            schema={"rank": pl.Int64, "host": pl.Categorical()}).sort("rank")
 
 
 def read_hosts_file(path: str | Path) -> dict[int, str]:

@@ -109,7 +109,7 @@ def groups_frame(trace: Trace, m: Matching) -> pl.DataFrame:
                 lambda s: pl.Series([format_ranks(r, limit=3) for r in s.to_list()]), return_dtype=pl.String))
             .select("group", "pg_desc", "size", "ranks", "frontier", "slowest", "n_behind", "n_missing",
                     "last_status", "source")
-            .sort(pl.col("group").str.len_chars(), "group"))
+            .sort(pl.col("group").cast(pl.String).str.len_chars(), "group"))
 
 
 def groups_table(trace: Trace, m: Matching) -> str:

@@ -21,7 +21,7 @@ WAIT_EDGES = pl.Schema({
     "src": pl.String,        # "r:<rank>" or "g:<group>"
     "dst": pl.String,
     "kind": pl.Enum(["behind", "missing", "p2p"]),
-    "group": pl.String,
+    "group": pl.Categorical(),
     "seq": pl.Int64,         # the collective (or p2p ordinal) the waiter is in
 })
 
