@@ -81,9 +81,9 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     stage("following waits")
     w = build_waits(m, trace.entries)
     loc = locate(m, topo, exclude=set(w.waiting))
-    verdict, summary, findings = diagnose(trace, m, w, loc, topo)
     stage("reading timestamps")
     timing = analyze_timing(m.units, trace.groups, topo, options.timing)
+    verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing, options.timing)
     timing_findings = timing_to_findings(timing, trace.groups, topo)
     findings = findings + timing_findings
     if verdict == "healthy" and timing_findings:

@@ -128,9 +128,9 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.Dat
             pl.col("input_sizes").first(), pl.col("output_sizes").first(),
             pl.col("input_dtypes").first(), pl.col("output_dtypes").first(),
             pl.col("input_numel").sum(), pl.col("output_numel").sum(),
-            pl.col("state").last(), pl.col("record_id").min(), pl.col("stack_id").first(),
+            pl.col("state").last(), pl.col("retired").all(), pl.col("record_id").min(), pl.col("stack_id").first(),
             pl.col("time_created_ns").min(), pl.col("time_completed_ns").max(),
-            pl.col("tracks_completion").first(), pl.col("pg_id").first(),
+            pl.col("tracks_completion").first(), pl.col("pg_id").first(), pl.col("timeout_ms").max(),
         )
     )
     multi = units.filter(pl.col("n_entries") > 1)
@@ -227,6 +227,8 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
             pl.col("n_known").first(),
             (pl.col("state") == "completed").sum().alias("n_completed"),
             pl.col("tracks_completion").sum().alias("n_tracking"),
+            # a recorder without completion states (Gloo) still leaves unfinished work un-retired
+            (~pl.col("tracks_completion") & ~pl.col("retired").fill_null(True)).sum().alias("n_unretired"),
             (pl.col("op").n_unique() == 1).alias("type_ok"),
             (pl.col("input_dtypes").n_unique() == 1).alias("dtype_ok"),
             ((pl.col("_shape").n_unique() == 1) & pl.col("_self_ok").all() & all_to_all_totals_ok()).alias("size_ok"),
@@ -243,6 +245,8 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
         .then(pl.lit("state_mismatch"))
         .when(tracked & (pl.col("n_completed") == 0)).then(pl.lit("in_flight"))
         .when(pl.col("n_known") < pl.col("size")).then(pl.lit("missing_dumps"))
+        # Gloo: retired work may have failed, so only members still in it count, and one is enough
+        .when(~tracked & (pl.col("n_unretired") > 0)).then(pl.lit("in_flight"))
         .otherwise(pl.lit("matched"))
         .alias("status")
     )

@@ -13,7 +13,8 @@ from .load import Trace, format_ranks
 from .locate import Location
 from .match import Matching
 from .report import Finding, ProcessGroupRef
-from .schema import MISMATCH_STATUSES
+from .schema import MISMATCH_STATUSES, GroupId
+from .timing import TimingOptions, TimingResult, late_joiners
 from .topology import Topology
 from .waits import Waits
 
@@ -249,6 +250,49 @@ def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) ->
     return out
 
 
+def _duration(ms: float) -> str:
+    if ms < 10:
+        return f"{ms:.1f} ms"
+    return f"{ms:,.0f} ms" if ms < 1000 else f"{ms / 1e3:,.1f} s"
+
+
+def _late_findings(ctx: _Context, loc: Location | None, timing: TimingResult | None,
+                   opts: TimingOptions) -> tuple[list[Finding], set[int]]:
+    """A collective every member joined and none finished, where one member joined a timeout late: the others
+    timed out waiting for it. It was late, not absent, so the wait graph sees nobody missing.
+    Returns the findings and the members of those collectives (explained by them)."""
+    if loc is None or timing is None:
+        return [], set()
+    stuck = pl.DataFrame({"group": [g for g, q in loc.seqs.items() if q >= 0],
+                          "collective_seq_id": [q for q in loc.seqs.values() if q >= 0]},
+                         schema={"group": GroupId, "collective_seq_id": pl.Int64})
+    late = late_joiners(ctx.m.units, stuck, ctx.topo.frame(), timing.clock_offsets, opts)
+    chronic = {r: row for r, *row in timing.per_rank.filter(pl.col("straggler")).select(
+        "rank", "median_late_ms", "late_fraction", "n").iter_rows()}
+    out, explained = [], set()
+    for group, seq, rank, late_ms, next_ms, timeout_ms in late.sort("late_ms", descending=True).iter_rows():
+        g = ctx.groups.get(group)
+        op = ctx.op_at(group, seq) or "collective"
+        members = ctx.m.units.filter((pl.col("group") == group) & (pl.col("collective_seq_id") == seq))["rank"]
+        explained |= set(members.to_list())
+        habit = ""
+        evidence = {"late_ms": round(late_ms, 1), "next_latest_ms": round(next_ms or 0.0, 1), "timeout_ms": timeout_ms,
+                    "members": members.len()}
+        if rank in chronic:
+            med, frac, n = chronic[rank]
+            habit = f"; it was already late on {frac:.0%} of its last {n} collectives (median {med:,.0f} ms)"
+            evidence.update(median_late_ms=round(med, 3), late_fraction=round(frac, 3))
+        others = (f"its peer timed out waiting for it" if members.len() == 2 else
+                  f"the other {members.len() - 1} members, within {_duration(next_ms or 0.0)} of the first, timed out "
+                  "waiting for it")
+        msg = (f"{ctx.rank_label(rank)} joined {op} #{seq} in {g.label() if g else group} {_duration(late_ms)} after "
+               f"its first peer, past the {_duration(timeout_ms)} timeout: {others}{habit}")
+        out.append(Finding(kind="straggler", role="root_cause", message=msg, ranks=[rank],
+                           hosts=ctx.topo.hosts([rank]), process_group=g, collective_seq_id=seq, op=op,
+                           evidence=evidence, stacks=ctx.stack_of(rank, ctx.describe_last(rank))))
+    return out, explained
+
+
 def _stuck_findings(ctx: _Context, loc: Location | None, explained: set[int]) -> list[Finding]:
     if loc is None or not set(loc.stuck_ranks) - explained:
         return []
@@ -359,8 +403,11 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
     return out
 
 
-def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: Topology) -> tuple[str, str, list[Finding]]:
-    """Return (verdict, one-line summary, findings ordered root causes, symptoms, warnings)."""
+def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: Topology,
+             timing: TimingResult | None = None, timing_options: TimingOptions | None = None,
+             ) -> tuple[str, str, list[Finding]]:
+    """Return (verdict, one-line summary, findings ordered root causes, symptoms, warnings).
+    With `timing`, a member that joined a stuck collective past its timeout is named as its cause."""
     ctx = _Context(trace, m, w, topo)
     roots: list[Finding] = []
     roots += _mismatch_findings(ctx)
@@ -375,6 +422,9 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     dead = _deadlock_findings(ctx, p2p_culprits)
     roots += dead
     explained |= {r for f in dead for r in f.ranks} | p2p_cycle
+    late, waited_on_late = _late_findings(ctx, loc, timing, timing_options or TimingOptions())
+    roots += late
+    explained |= waited_on_late
     stuck = set(loc.stuck_ranks) if loc else set()
     roots += _root_findings(ctx, explained, stuck)
     stuck_findings = _stuck_findings(ctx, loc, explained)

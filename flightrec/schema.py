@@ -172,6 +172,7 @@ COLLECTIVES = pl.Schema({
     "n_known": pl.Int64,               # members whose progress in the group is known
     "n_completed": pl.Int64,
     "n_tracking": pl.Int64,            # present members whose recorder reports completion
+    "n_unretired": pl.Int64,           # present members without completion states whose entry is not retired
     "type_ok": pl.Boolean,
     "dtype_ok": pl.Boolean,
     "size_ok": pl.Boolean,

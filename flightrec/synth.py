@@ -23,6 +23,7 @@ from pathlib import Path
 FAULT_KINDS = (
     "none", "not_joined", "missing_dump", "host_down", "size_mismatch", "type_mismatch", "dtype_mismatch",
     "deadlock", "dead_link", "wrong_peer", "straggler", "straggler_host", "slow_link", "clock_offset",
+    "late_arrival",
 )
 
 
@@ -36,7 +37,8 @@ class Fault:
     step: int = -1                 # -1: the last step
     phase: str = "tp"
     hosts: tuple[str, ...] = ()    # dead_link / slow_link: two hosts; straggler_host / host_down: one
-    delay_ms: float = 150.0        # straggler lateness per collective; slow_link extra duration
+    delay_ms: float = 150.0        # straggler lateness per collective; slow_link extra duration; late_arrival: how
+                                   # late the rank joins the faulty collective (past the 600 s timeout to matter)
     offset_ms: float = 0.0         # clock_offset: how far the host's clock is off
 
 
@@ -215,6 +217,7 @@ class _Sim:
         self.stop_at: dict[int, int] = {}          # rank -> index it never reaches
         self.never_complete: set[tuple] = set()     # instance keys that hang with everyone in
         self.missing: set[int] = set()
+        self.late_at: tuple[int, int] | None = None  # (rank, op index) that joins `delay_ms` late
         self.truth: dict = {"kind": job.fault.kind, "ranks": [], "hosts": [], "links": []}
         self._inject()
 
@@ -243,7 +246,13 @@ class _Sim:
         if op.keys[0][0] == "c":
             per_step = sum(1 for o in self.template_of(f.rank) if o.group.desc == op.group.desc and not o.is_p2p)
             self.truth["collective_seq_id"] = op.keys[0][2] + per_step * self.sim_from
-        if f.kind in ("not_joined", "missing_dump"):
+        if f.kind == "late_arrival":
+            # The rank stalls (checkpoint write, dataloader) past its peers' timeout, then joins: the peers'
+            # watchdog has aborted the collective, so it never completes, though every member enqueued it.
+            self.late_at = (f.rank, i)
+            self.never_complete.add(op.keys[0])
+            self.truth["kind"] = "straggler"
+        elif f.kind in ("not_joined", "missing_dump"):
             self.stop_at[f.rank] = i
             if f.kind == "missing_dump":
                 self.missing.add(f.rank)
@@ -314,9 +323,11 @@ class _Sim:
         ready = deque(sorted(self.ops))
         gap_ns = 2_000_000
 
-        def late(rank: int) -> int:
+        def late(rank: int, i: int) -> int:
             f = job.fault
             if (f.kind == "straggler" and rank == f.rank) or (f.kind == "straggler_host" and job.host_of(rank) == f.hosts[0]):
+                return int(f.delay_ms * 1e6)
+            if self.late_at == (rank, i):
                 return int(f.delay_ms * 1e6)
             return 0
 
@@ -328,7 +339,7 @@ class _Sim:
                 continue
             op = ops[i]
             if not records[r] or records[r][-1]["op"] is not op:
-                clock[r] += gap_ns + late(r) + self.rng.randrange(200_000)
+                clock[r] += gap_ns + late(r, i) + self.rng.randrange(200_000)
                 records[r].append({"op": op, "created": clock[r], "done": None})
                 for k in op.keys:
                     arrived[k] += 1

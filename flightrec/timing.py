@@ -34,6 +34,8 @@ class TimingOptions:
     slow_factor: float = 2.0
     min_slow_ms: float = 5.0
     window: int = 32   # judge each group on its last `window` collectives: the state of the job now
+    # a member that joins a stuck collective this fraction of its timeout after the others caused the timeout
+    late_timeout_fraction: float = 0.9
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,37 @@ def _localize(speeds: pl.DataFrame, units: pl.DataFrame, topo: Topology) -> tupl
         return [], links
     singles = [h for h in common if not any(h in s for s in fast_hosts)]
     return (singles, []) if len(singles) == 1 else ([], [])
+
+
+def late_joiners(units: pl.DataFrame, stuck: pl.DataFrame, hosts: pl.DataFrame, offsets: pl.DataFrame,
+                 opts: TimingOptions) -> pl.DataFrame:
+    """Members that joined a stuck collective so late that the others' timeout fired while they waited.
+
+    `stuck`: (group, collective_seq_id) of collectives every member enqueued and none finished. A member is a
+    late joiner when it enqueued at least `late_timeout_fraction` of the collective's timeout after the first
+    member (clock offsets removed) and every other member arrived within a quarter of that: one rank was late,
+    the rest were on time. Holds with NCCL timing on or off and on Gloo: it reads enqueue times only.
+    Returns (group, collective_seq_id, rank, late_ms, next_late_ms, timeout_ms), one row per late joiner."""
+    empty = pl.DataFrame(schema={"group": units.schema["group"], "collective_seq_id": pl.Int64, "rank": pl.Int64,
+                                 "late_ms": pl.Float64, "next_late_ms": pl.Float64, "timeout_ms": pl.Int64})
+    if stuck.height == 0:
+        return empty
+    inst = (units.join(stuck, on=["group", "collective_seq_id"], how="semi")
+            .filter(pl.col("time_created_ns").is_not_null())
+            .select("group", "collective_seq_id", "rank", "time_created_ns", "timeout_ms")
+            .join(hosts, on="rank", how="left").join(offsets, on="host", how="left")
+            .with_columns((pl.col("time_created_ns") - pl.col("clock_offset_ms").fill_null(0.0) * 1e6).alias("_t"))
+            .with_columns(((pl.col("_t") - pl.col("_t").min().over("group", "collective_seq_id")) / 1e6)
+                          .alias("late_ms")))
+    ranked = inst.sort("late_ms", descending=True).group_by("group", "collective_seq_id", maintain_order=True).agg(
+        pl.col("rank").first(), pl.col("late_ms").first(), pl.col("late_ms").get(1, null_on_oob=True).alias("next_late_ms"),
+        pl.col("timeout_ms").max(), pl.len().alias("_n"))
+    late = ranked.filter(
+        (pl.col("_n") >= 2) & (pl.col("timeout_ms") > 0)
+        & (pl.col("late_ms") >= pl.col("timeout_ms") * opts.late_timeout_fraction)
+        & (pl.col("late_ms") >= opts.min_late_ms)
+        & (pl.col("next_late_ms").fill_null(0.0) <= pl.col("late_ms") / 4))
+    return late.select(empty.columns).cast(empty.schema) if late.height else empty
 
 
 def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,

@@ -16,10 +16,10 @@ def _timing_findings(report):
             if f.kind in ("straggler", "slow_link")]
 
 
-def _run(make_job, kind, rank=0, hosts=(), **job):
+def _run(make_job, kind, rank=0, hosts=(), phase="tp", delay_ms=150.0, **job):
     layout = dict(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2) | job
-    out, _ = make_job(synth.Job(**layout, fault=synth.Fault(kind=kind, rank=rank, hosts=hosts, offset_ms=500)),
-                      per_host_folders=True)
+    fault = synth.Fault(kind=kind, rank=rank, hosts=hosts, offset_ms=500, phase=phase, delay_ms=delay_ms)
+    out, _ = make_job(synth.Job(**layout, fault=fault), per_host_folders=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return analyze(out)
@@ -62,7 +62,39 @@ def test_real_gloo_straggler_fixture():
     assert 100 < stragglers[0].evidence["median_late_ms"] < 250
 
 
-@pytest.mark.parametrize("case", [c for c in recorded_cases() if c != "straggler"])
+def test_real_gloo_late_rank_fixture_is_the_root_cause():
+    """Rank 2 stalled 5.5 s, then joined: every rank enqueued the all_reduce, so nobody is missing; the others
+    had timed out after 4 s. Only enqueue times tell it (Gloo has no completion states)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(FIXTURES / "late_rank")
+    root = report.root_causes[0]
+    assert (report.verdict, root.kind, root.role, root.ranks, root.collective_seq_id) == (
+        "fault", "straggler", "root_cause", [2], 8)
+    assert root.evidence["timeout_ms"] == 4000 and 5000 < root.evidence["late_ms"] < 6500
+    assert len(report.root_causes) == 1
+
+
+@pytest.mark.parametrize("timing", [True, False])
+@pytest.mark.parametrize("phase", ["tp", "dp"])
+def test_late_arrival_past_the_timeout_is_the_root_cause(make_job, timing, phase):
+    report = _run(make_job, "late_arrival", rank=5, timing=timing, phase=phase, delay_ms=605_000, tp=2, pp=2, dp=2,
+                  steps=3)
+    root = report.root_causes[0]
+    assert (report.verdict, root.kind, root.ranks, root.hosts) == ("fault", "straggler", [5], ["node00002"])
+    assert root.process_group.desc == phase and root.evidence["timeout_ms"] == 600_000
+    assert [f.kind for f in report.findings if f.role == "symptom"].count("stuck_in_flight") == 0
+
+
+def test_late_arrival_within_the_timeout_is_not_blamed(make_job):
+    """Late by 5 minutes of a 10 minute timeout, and still stuck: the lateness did not fire the timeout, so the
+    hang stays a collective stuck on every member (here on one host: the tp group lives on node00002)."""
+    report = _run(make_job, "late_arrival", rank=5, delay_ms=300_000, tp=2, pp=2, dp=2, steps=3)
+    assert not [f for f in report.findings if f.kind == "straggler"]
+    assert [(f.kind, f.hosts) for f in report.root_causes] == [("stuck_in_flight", ["node00002"])]
+
+
+@pytest.mark.parametrize("case", [c for c in recorded_cases() if c not in ("straggler", "late_rank")])
 def test_no_false_positive_on_any_other_fixture(case):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -72,3 +72,12 @@ def test_straggler_it_does_not_see():
     output = [ln for ln in run.splitlines() if ln and not ln.startswith(("$", "#", "[exit", "tabulate"))]
     assert output == []  # silent: it has no notion of lateness
     assert [f.ranks for f in _analyze("straggler").findings if f.kind == "straggler"] == [[2]]
+
+
+def test_late_rank_it_calls_clean_we_name_the_rank_that_made_it_time_out():
+    _, second = golden("late_rank")
+    run = second[second.index("$ torchfrtrace"):]
+    output = [ln for ln in run.splitlines() if ln and not ln.startswith(("$", "#", "[exit", "tabulate"))]
+    assert output == [] and "[exit code: 0]" in run  # every rank enqueued seq 8: nothing wrong for it
+    report = _analyze("late_rank")
+    assert (report.verdict, report.culprits["ranks"], report.root_causes[0].kind) == ("fault", [2], "straggler")
