@@ -282,7 +282,7 @@ def _late_findings(ctx: _Context, loc: Location | None, timing: TimingResult | N
             med, frac, n = chronic[rank]
             habit = f"; it was already late on {frac:.0%} of its last {n} collectives (median {med:,.0f} ms)"
             evidence.update(median_late_ms=round(med, 3), late_fraction=round(frac, 3))
-        others = (f"its peer timed out waiting for it" if members.len() == 2 else
+        others = ("its peer timed out waiting for it" if members.len() == 2 else
                   f"the other {members.len() - 1} members, within {_duration(next_ms or 0.0)} of the first, timed out "
                   "waiting for it")
         msg = (f"{ctx.rank_label(rank)} joined {op} #{seq} in {g.label() if g else group} {_duration(late_ms)} after "
