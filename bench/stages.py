@@ -30,12 +30,12 @@ trace = flightrec.load({d!r}, flightrec.LoadOptions(use_cache=False))
 out["ingest"] = time.perf_counter() - t
 t = time.perf_counter(); m = run_match(trace); out["match"] = time.perf_counter() - t
 topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, ranks_per_host=8)
+t = time.perf_counter(); timing = analyze_timing(m.units, trace.groups, topo); out["timing"] = time.perf_counter() - t
 t = time.perf_counter()
 w = build_waits(m, trace.entries)
 loc = locate(m, topo, exclude=set(w.waiting))
-verdict, summary, findings = diagnose(trace, m, w, loc, topo)
+verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing)
 out["waits_and_root_cause"] = time.perf_counter() - t
-t = time.perf_counter(); analyze_timing(m.units, trace.groups, topo); out["timing"] = time.perf_counter() - t
 out["s"] = sum(v for v in out.values())
 out["summary"] = summary
 out["culprits"] = sorted({{r for f in findings if f.role == "root_cause" for r in f.ranks}})
