@@ -36,6 +36,7 @@ from .schema import (
     RANK_LISTS,
     RAW_PG_CONFIG,
     STACKS,
+    Text,
     conform,
     empty,
 )
@@ -354,7 +355,7 @@ def _inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: 
     The default group is known to hold every rank, so with a known world size it gets all of them; that is
     how a rank that died without dumping still shows up as a member."""
     used = (entries.filter(pl.col("pg_name").is_not_null())
-            .join(declared.select("pg_name"), on="pg_name", how="anti")
+            .join(declared.select(pl.col("pg_name").cast(Text)), on="pg_name", how="anti")
             .group_by("pg_name")
             .agg(pl.col("pg_desc").drop_nulls().mode().first(), pl.col("rank").unique().sort().alias("ranks")))
     if world_size is not None:
@@ -391,8 +392,10 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     members = conform(members, MEMBERS)
 
     # Each entry's group: by its rank's declaration when there is one, else by name (inferred groups).
-    rank_group = memberships.select("rank", "pg_name", "group").unique(["rank", "pg_name"])
-    inferred = groups.filter(pl.col("source") == "inferred").select("pg_name", pl.col("group").alias("_g"))
+    # (small frames; entries hold pg_name as a categorical)
+    rank_group = memberships.select("rank", pl.col("pg_name").cast(Text), "group").unique(["rank", "pg_name"])
+    inferred = groups.filter(pl.col("source") == "inferred").select(pl.col("pg_name").cast(Text),
+                                                                    pl.col("group").alias("_g"))
     entries = (entries.drop("group", strict=False).join(rank_group, on=["rank", "pg_name"], how="left")
                .join(inferred, on="pg_name", how="left")
                .with_columns(pl.coalesce("group", "_g").alias("group")).drop("_g"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import polars as pl
 
 REPORT_VERSION = 1
-CACHE_FORMAT_VERSION = 5
+CACHE_FORMAT_VERSION = 6
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
@@ -51,8 +51,8 @@ DUMPS = pl.Schema({
 
 ENTRIES = pl.Schema({
     "rank": pl.Int64,
-    "pg_name": pl.String,
-    "pg_desc": pl.String,
+    "pg_name": Text,              # few distinct values over millions of rows: categorical, like every text here
+    "pg_desc": Text,
     "pg_id": pl.Int64,            # local process-group id on this rank
     "record_id": pl.Int64,        # per process, shared by all groups: never compare across ranks
     "collective_seq_id": pl.Int64,
@@ -76,8 +76,8 @@ ENTRIES = pl.Schema({
     "output_dtypes": Text,
     "input_numel": pl.Int64,
     "output_numel": pl.Int64,
-    "thread_id": pl.String,
-    "thread_name": pl.String,
+    "thread_id": Text,
+    "thread_name": Text,
     "stack_id": pl.UInt64,        # into `stacks`; null when the dump has no frames
 })
 
