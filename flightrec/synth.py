@@ -17,6 +17,7 @@ import json
 import pickle
 import random
 from collections import defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -545,25 +546,57 @@ def generate(job: Job, out_dir: str | Path, *, fmt: str = "pickle", per_host_fol
     Returns:
         {"kind", "ranks", "hosts", "links", "op", "pg_desc", "collective_seq_id", "missing_ranks", ...}
     """
+    writer = _Writer(job, fmt=fmt, per_host_folders=per_host_folders, prefix=prefix, compress=compress)
+    writer.write(range(job.world_size), Path(out_dir))
+    return writer.finish(Path(out_dir))
+
+
+def generate_slices(job: Job, out_dir: str | Path, ranks_per_slice: int, **kwargs) -> Iterator[tuple[Path, range]]:
+    """Like `generate`, one slice of ranks at a time: each slice is written to `out_dir/slice-NNNNN` and yielded
+    (folder, ranks) before the next is written, so the caller can convert it and delete it. For jobs whose
+    dumps don't fit on disk at once (131,072 ranks carry a ~1 MB world rank list each). The ground truth is
+    written next to `out_dir` at the end, as by `generate`. Keyword arguments are those of `generate`."""
+    writer = _Writer(job, **kwargs)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    sim = _Sim(job)
-    records = sim.run()
-    for rank in range(job.world_size):
-        if rank in sim.missing:
-            continue
-        entries = _entries(job, rank, records[rank], sim.by_rank, sim.template_of(rank), sim.sim_from)
-        dump = build_dump(job, rank, entries, sim.by_rank)
-        folder = out / job.host_of(rank) if per_host_folders else out
-        folder.mkdir(parents=True, exist_ok=True)
-        data = to_json_dump(dump).encode() if fmt == "json" else pickle.dumps(dump, protocol=2)
-        if compress:
-            data = gzip.compress(data, compresslevel=1)
-        (folder / f"{prefix}{rank}").write_bytes(data)
-    truth = dict(sim.truth)
-    truth["missing_ranks"] = sorted(sim.missing)
-    if truth["ranks"] and not truth["hosts"] and job.fault.kind not in ("dead_link",):
-        truth["hosts"] = sorted({job.host_of(r) for r in truth["ranks"]})
-    truth["world_size"] = job.world_size
-    truth_path(out).write_text(json.dumps(truth, indent=1, sort_keys=True))
-    return truth
+    for k, first in enumerate(range(0, job.world_size, ranks_per_slice)):
+        ranks = range(first, min(first + ranks_per_slice, job.world_size))
+        folder = out / f"slice-{k:05d}"
+        writer.write(ranks, folder)
+        yield folder, ranks
+    writer.finish(out)
+
+
+class _Writer:
+    """Simulates the job once, then writes any ranks' dumps on request."""
+
+    def __init__(self, job: Job, *, fmt: str = "pickle", per_host_folders: bool = False,
+                 prefix: str = "nccl_trace_rank_", compress: bool = False):
+        self.job, self.fmt, self.per_host_folders, self.prefix, self.compress = job, fmt, per_host_folders, prefix, compress
+        self.sim = _Sim(job)
+        self.records = self.sim.run()
+
+    def write(self, ranks: range, out: Path) -> None:
+        job, sim = self.job, self.sim
+        out.mkdir(parents=True, exist_ok=True)
+        for rank in ranks:
+            if rank in sim.missing:
+                continue
+            entries = _entries(job, rank, self.records[rank], sim.by_rank, sim.template_of(rank), sim.sim_from)
+            dump = build_dump(job, rank, entries, sim.by_rank)
+            folder = out / job.host_of(rank) if self.per_host_folders else out
+            folder.mkdir(parents=True, exist_ok=True)
+            data = to_json_dump(dump).encode() if self.fmt == "json" else pickle.dumps(dump, protocol=2)
+            if self.compress:
+                data = gzip.compress(data, compresslevel=1)
+            (folder / f"{self.prefix}{rank}").write_bytes(data)
+
+    def finish(self, out: Path) -> dict:
+        job, sim = self.job, self.sim
+        truth = dict(sim.truth)
+        truth["missing_ranks"] = sorted(sim.missing)
+        if truth["ranks"] and not truth["hosts"] and job.fault.kind not in ("dead_link",):
+            truth["hosts"] = sorted({job.host_of(r) for r in truth["ranks"]})
+        truth["world_size"] = job.world_size
+        out.mkdir(parents=True, exist_ok=True)
+        truth_path(out).write_text(json.dumps(truth, indent=1, sort_keys=True))
+        return truth
