@@ -396,12 +396,17 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     rank_group = memberships.select("rank", pl.col("pg_name").cast(Text), "group").unique(["rank", "pg_name"])
     inferred = groups.filter(pl.col("source") == "inferred").select(pl.col("pg_name").cast(Text),
                                                                     pl.col("group").alias("_g"))
-    entries = (entries.drop("group", strict=False).join(rank_group, on=["rank", "pg_name"], how="left")
-               .join(inferred, on="pg_name", how="left")
-               .with_columns(pl.coalesce("group", "_g").alias("group")).drop("_g"))
+    # Joined on the three key columns only, then attached: joining the whole frame would copy every column.
     peers = members.rename({"rank": "peer", "local_rank": "peer_local"})
-    entries = entries.drop("peer").join(peers, on=["group", "peer_local"], how="left")
-    entries = conform(entries, ENTRIES_WITH_GROUP)
+    keys = (entries.lazy().select("rank", "pg_name", "peer_local")
+            .join(rank_group.lazy(), on=["rank", "pg_name"], how="left", maintain_order="left")
+            .join(inferred.lazy(), on="pg_name", how="left", maintain_order="left")
+            .select(pl.coalesce("group", "_g").alias("group"), "peer_local")
+            .join(peers.lazy(), on=["group", "peer_local"], how="left", maintain_order="left")
+            .select("group", "peer")
+            .collect())
+    entries = conform(entries.drop("group", "peer", strict=False).with_columns(keys["group"], keys["peer"]),
+                      ENTRIES_WITH_GROUP)
     if not _sorted_by_rank_and_record(entries):  # files are read in rank order, entries in record order: rare
         entries = entries.sort("rank", "record_id")
 

@@ -115,8 +115,9 @@ def all_to_all_totals_ok() -> pl.Expr:
 
 def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
     """One row per (group, seq, rank) for collectives; p2p and batch closers are left out."""
-    marked = entries.with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p")).join(
-        tracks, on="rank", how="left")
+    # Lazy, so only the columns used below are materialized from the (widest, longest) entries frame.
+    marked = entries.lazy().with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p")).join(
+        tracks.lazy(), on="rank", how="left")
     coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
     units = (
         coll.group_by("group", "collective_seq_id", "rank")
@@ -132,12 +133,12 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.Dat
             pl.col("time_created_ns").min(), pl.col("time_completed_ns").max(),
             pl.col("tracks_completion").first(), pl.col("pg_id").first(), pl.col("timeout_ms").max(),
         )
-    )
+    ).collect()
     multi = units.filter(pl.col("n_entries") > 1)
     if multi.height:
         # Signatures of multi-entry units: every member's shape, in record order, so batches compare whole.
         sig = (
-            coll.join(multi.select("group", "collective_seq_id", "rank"), on=["group", "collective_seq_id", "rank"])
+            coll.join(multi.lazy().select("group", "collective_seq_id", "rank"), on=["group", "collective_seq_id", "rank"])
             .sort("record_id")
             .group_by("group", "collective_seq_id", "rank")
             .agg(
@@ -145,7 +146,7 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.Dat
                 pl.col("output_sizes").cast(pl.String).str.join(";").alias("_out"),
                 pl.col("input_dtypes").cast(pl.String).str.join(";").alias("_dt"),
             )
-        )
+        ).collect()
         units = units.join(sig, on=["group", "collective_seq_id", "rank"], how="left").with_columns(
             pl.coalesce(pl.col("_in").cast(pl.Categorical), "input_sizes").alias("input_sizes"),
             pl.coalesce(pl.col("_out").cast(pl.Categorical), "output_sizes").alias("output_sizes"),
@@ -175,7 +176,7 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     )
     # pg_status survives ring-buffer wrap, but after a p2p op its "collective" counter holds the p2p seq:
     # trust it only in groups that carry no p2p traffic.
-    p2p_groups = trace_entries.filter(pl.col("is_p2p")).select("group").unique()
+    p2p_groups = trace_entries.lazy().filter(pl.col("is_p2p")).select("group").unique().collect()
     status = pg_status.rename({"last_enqueued": "_st_enq", "last_completed": "_st_done"}).select(
         "rank", "pg_id", "_st_enq", "_st_done")
     per = (
@@ -334,11 +335,13 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) 
     counts no longer line up, so only unfinished transfers are paired (their order is still the same on both
     ends): that is all a hang needs, and completed transfers were matched by NCCL itself.
     """
-    ops = entries.filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
+    ops = (entries.lazy().filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
+           .select("rank", "group", "p2p_seq_id", "record_id", "op", "peer", "state", "input_sizes", "output_sizes")
+           .collect())
     if ops.height == 0:
         return pl.DataFrame(schema=P2P_OPS_SCHEMA)
-    closers = entries.filter(is_p2p_closer()).select(
-        "rank", "group", "p2p_seq_id", pl.col("state").alias("_batch_state"))
+    closers = entries.lazy().filter(is_p2p_closer()).select(
+        "rank", "group", "p2p_seq_id", pl.col("state").alias("_batch_state")).collect()
     rank_info = tracks.rename({"tracks_completion": "_tracks"})
     ops = (
         ops.join(closers, on=["rank", "group", "p2p_seq_id"], how="left")
