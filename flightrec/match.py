@@ -113,27 +113,36 @@ def all_to_all_totals_ok() -> pl.Expr:
 # ---------------------------------------------------------------------------------------------- units
 
 
+_UNIT_KEY = ["group", "collective_seq_id", "rank"]
+
+
 def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
     """One row per (group, seq, rank) for collectives; p2p and batch closers are left out."""
     # Lazy, so only the columns used below are materialized from the (widest, longest) entries frame.
     marked = entries.lazy().with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p")).join(
         tracks.lazy(), on="rank", how="left")
     coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
-    units = (
-        coll.group_by("group", "collective_seq_id", "rank")
-        .agg(
-            # A coalesced batch of collectives shares one seq: its last entry (the closer) carries the state;
-            # its members' shapes are summed so the batch is compared as one unit.
-            pl.len().alias("n_entries"),
-            pl.col("op").filter(pl.col("op") != "coalesced").first().fill_null(pl.col("op").first()),
-            pl.col("input_sizes").first(), pl.col("output_sizes").first(),
-            pl.col("input_dtypes").first(), pl.col("output_dtypes").first(),
-            pl.col("input_numel").sum(), pl.col("output_numel").sum(),
-            pl.col("state").last(), pl.col("retired").all(), pl.col("record_id").min(), pl.col("stack_id").first(),
-            pl.col("time_created_ns").min(), pl.col("time_completed_ns").max(),
-            pl.col("tracks_completion").first(), pl.col("pg_id").first(), pl.col("timeout_ms").max(),
-        )
-    ).collect()
+    # A coalesced batch of collectives shares one seq: its last entry (the closer) carries the state; its
+    # members' shapes are summed so the batch is compared as one unit.
+    aggs = [
+        pl.len().alias("n_entries"),
+        pl.col("op").filter(pl.col("op") != "coalesced").first().fill_null(pl.col("op").first()),
+        pl.col("input_sizes").first(), pl.col("output_sizes").first(),
+        pl.col("input_dtypes").first(), pl.col("output_dtypes").first(),
+        pl.col("input_numel").sum(), pl.col("output_numel").sum(),
+        pl.col("state").last(), pl.col("retired").all(), pl.col("record_id").min(), pl.col("stack_id").first(),
+        pl.col("time_created_ns").min(), pl.col("time_completed_ns").max(),
+        pl.col("tracks_completion").first(), pl.col("pg_id").first(), pl.col("timeout_ms").max(),
+    ]
+    # Entries are in (rank, record) order, and one thread records a unit's entries back to back: each run of
+    # equal keys is a unit, aggregated over contiguous slices instead of hashing every row (3x faster). If a
+    # unit's entries were interleaved with another's, its key shows up in two runs: then group by key.
+    runs = (coll.with_columns(pl.struct(_UNIT_KEY).rle_id().set_sorted().alias("_run"))
+            .group_by("_run").agg(*[pl.col(c).first() for c in _UNIT_KEY], *aggs).drop("_run").collect())
+    if runs.select(pl.struct(_UNIT_KEY).hash().n_unique()).item() == runs.height:
+        units = runs
+    else:  # (or a hash collision: the slow path is right either way)
+        units = coll.group_by(_UNIT_KEY).agg(*aggs).collect()
     multi = units.filter(pl.col("n_entries") > 1)
     if multi.height:
         # Signatures of multi-entry units: every member's shape, in record order, so batches compare whole.

@@ -102,6 +102,21 @@ def test_coalesced_batch_is_one_unit():
     assert run(diff).divergences.row(0, named=True)["ranks"] == [2]
 
 
+def test_batch_interleaved_with_another_groups_entry_is_still_one_unit():
+    """Units are built from runs of consecutive entries; a batch split by another thread's entry (record 11,
+    group h) must still come out as one unit (the key appears in two runs: matching falls back to the key)."""
+    def batch(r):
+        return [entry(r, 1, ins="[[8]]", record=10, state="scheduled"),
+                entry(r, 5, group="h", record=11),
+                entry(r, 1, ins="[[4]]", record=12, state="scheduled"),
+                entry(r, 1, op="coalesced", ins="[]", record=13, n_in=0, name="nccl:allreduce_coalesced")]
+    m = run([e for r in range(4) for e in batch(r)])
+    g = m.units.filter(pl.col("group") == "g")
+    assert g.height == 4 and g["n_entries"].to_list() == [3, 3, 3, 3]
+    assert m.units.filter(pl.col("group") == "h")["n_entries"].to_list() == [1, 1, 1, 1]
+    assert status(m, 1) == "matched"
+
+
 def test_in_flight_everywhere_and_state_disagreement():
     rows = [entry(r, 1, state="started") for r in range(4)]
     assert status(run(rows), 1) == "in_flight"
