@@ -397,6 +397,9 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     inferred = groups.filter(pl.col("source") == "inferred").select(pl.col("pg_name").cast(Text),
                                                                     pl.col("group").alias("_g"))
     # Joined on the three key columns only, then attached: joining the whole frame would copy every column.
+    # One contiguous chunk first (readers hand over one chunk per worker batch or row group): the new columns
+    # are one chunk, and misaligned chunks would make every later select copy the frame column by column.
+    entries = entries.rechunk()
     peers = members.rename({"rank": "peer", "local_rank": "peer_local"})
     keys = (entries.lazy().select("rank", "pg_name", "peer_local")
             .join(rank_group.lazy(), on=["rank", "pg_name"], how="left", maintain_order="left")
