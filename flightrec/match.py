@@ -93,6 +93,18 @@ _UNEQUAL_SHAPES = ["all_to_all", "gather", "scatter"]
 def shape_key() -> pl.Expr:
     """What must be equal across members: outputs for reduce_scatter, inputs for the rest, nothing for ops
     whose members' shapes may differ."""
+    # Shapes are categoricals over one set of categories: equal text, equal id; comparing ids spares turning
+    # millions of rows back into strings. The top id stands for "nothing to compare".
+    return (
+        pl.when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit(2**32 - 1, dtype=pl.UInt32))
+        .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
+        .then(pl.col("output_sizes").to_physical())
+        .otherwise(pl.col("input_sizes").to_physical())
+    )
+
+
+def shape_text() -> pl.Expr:
+    """`shape_key` as text, for the few divergent collectives a report shows."""
     return (
         pl.when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit(""))
         .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
@@ -219,6 +231,13 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
 # ---------------------------------------------------------------------------------------------- collectives
 
 
+def _all_equal(expr: pl.Expr) -> pl.Expr:
+    """In a group_by: every member has the same value, a null being a value of its own. On the physical ids of
+    enums and categoricals, min == max is a pass over the slice where n_unique would hash it."""
+    ids, nulls = expr.to_physical(), expr.null_count()
+    return ((ids.min() == ids.max()) | (nulls == pl.len())) & ((nulls == 0) | (nulls == pl.len()))
+
+
 def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
     """One row per (group, seq) inside the window all members cover, with a status."""
     window = prog.group_by("group").agg(
@@ -231,7 +250,7 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
         .with_columns(shape_key().alias("_shape"), size_rule_ok().alias("_self_ok"))
         .group_by("group", "collective_seq_id")
         .agg(
-            pl.col("op").mode().first().alias("op"),
+            pl.col("op").first(),   # the most common op where members disagree: below, for those few
             pl.col("size").first(),
             pl.len().alias("n_present"),
             pl.col("n_known").first(),
@@ -239,11 +258,17 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
             pl.col("tracks_completion").sum().alias("n_tracking"),
             # a recorder without completion states (Gloo) still leaves unfinished work un-retired
             (~pl.col("tracks_completion") & ~pl.col("retired").fill_null(True)).sum().alias("n_unretired"),
-            (pl.col("op").n_unique() == 1).alias("type_ok"),
-            (pl.col("input_dtypes").n_unique() == 1).alias("dtype_ok"),
-            ((pl.col("_shape").n_unique() == 1) & pl.col("_self_ok").all() & all_to_all_totals_ok()).alias("size_ok"),
+            _all_equal(pl.col("op")).alias("type_ok"),
+            _all_equal(pl.col("input_dtypes")).alias("dtype_ok"),
+            (_all_equal(pl.col("_shape")) & pl.col("_self_ok").all() & all_to_all_totals_ok()).alias("size_ok"),
         )
     )
+    if not inst["type_ok"].all():
+        modes = (units.join(inst.filter(~pl.col("type_ok")).select("group", "collective_seq_id"),
+                            on=["group", "collective_seq_id"])
+                 .group_by("group", "collective_seq_id").agg(pl.col("op").mode().sort().first().alias("_mode")))
+        inst = inst.join(modes, on=["group", "collective_seq_id"], how="left").with_columns(
+            pl.coalesce("_mode", "op").alias("op")).drop("_mode")
     everyone_in = pl.col("n_present") >= pl.col("n_known")
     tracked = pl.col("n_tracking") == pl.col("n_present")
     inst = inst.with_columns(
@@ -303,7 +328,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) ->
     )
     parts = []
     for status, field in (("type_mismatch", pl.col("op")), ("dtype_mismatch", pl.col("input_dtypes")),
-                          ("size_mismatch", shape_key())):
+                          ("size_mismatch", shape_text())):
         sel = firsts.filter(pl.col("status") == status)
         if sel.height:
             m = _minority(units, sel, field)

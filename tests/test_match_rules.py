@@ -62,6 +62,13 @@ def test_dtype_mismatch_minority():
     assert (d["status"], d["ranks"]) == ("dtype_mismatch", [0])
 
 
+def test_a_missing_dtype_differs_from_a_known_one_and_all_missing_agree():
+    """Equality is judged on categorical ids (min == max): a null must still count as a value of its own."""
+    one = run([entry(r, 1, dtype=None if r == 3 else "Float") for r in range(4)])
+    assert status(one, 1) == "dtype_mismatch"
+    assert status(run([entry(r, 1, dtype=None) for r in range(4)]), 1) == "matched"
+
+
 def test_size_mismatch_minority():
     d = run([entry(r, 1, ins="[[16]]" if r == 1 else "[[8]]") for r in range(4)]).divergences.row(0, named=True)
     assert (d["status"], d["ranks"]) == ("size_mismatch", [1])
