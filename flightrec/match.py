@@ -129,10 +129,11 @@ _UNIT_KEY = ["group", "collective_seq_id", "rank"]
 
 
 def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
-    """One row per (group, seq, rank) for collectives; p2p and batch closers are left out."""
+    """One row per (group, seq, rank) for collectives, in (rank, record) order; p2p and batch closers are left
+    out. `entries` must be in (rank, record) order, as `load` leaves them."""
     # Lazy, so only the columns used below are materialized from the (widest, longest) entries frame.
     marked = entries.lazy().with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p")).join(
-        tracks.lazy(), on="rank", how="left")
+        tracks.lazy(), on="rank", how="left", maintain_order="left")   # runs below need the entries' order
     coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
     # A coalesced batch of collectives shares one seq: its last entry (the closer) carries the state; its
     # members' shapes are summed so the batch is compared as one unit.
@@ -150,11 +151,12 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.Dat
     # equal keys is a unit, aggregated over contiguous slices instead of hashing every row (3x faster). If a
     # unit's entries were interleaved with another's, its key shows up in two runs: then group by key.
     runs = (coll.with_columns(pl.struct(_UNIT_KEY).rle_id().set_sorted().alias("_run"))
-            .group_by("_run").agg(*[pl.col(c).first() for c in _UNIT_KEY], *aggs).drop("_run").collect())
+            .group_by("_run", maintain_order=True).agg(*[pl.col(c).first() for c in _UNIT_KEY], *aggs)
+            .drop("_run").collect())
     if runs.select(pl.struct(_UNIT_KEY).hash().n_unique()).item() == runs.height:
         units = runs
     else:  # (or a hash collision: the slow path is right either way)
-        units = coll.group_by(_UNIT_KEY).agg(*aggs).collect()
+        units = coll.group_by(_UNIT_KEY).agg(*aggs).sort("rank", "record_id").collect()
     multi = units.filter(pl.col("n_entries") > 1)
     if multi.height:
         # Signatures of multi-entry units: every member's shape, in record order, so batches compare whole.
@@ -173,7 +175,7 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.Dat
             pl.coalesce(pl.col("_out").cast(pl.Categorical), "output_sizes").alias("output_sizes"),
             pl.coalesce(pl.col("_dt").cast(pl.Categorical), "input_dtypes").alias("input_dtypes"),
         ).drop("_in", "_out", "_dt")
-    return units.join(groups.select("group", "size"), on="group", how="left")
+    return units.join(groups.select("group", "size"), on="group", how="left", maintain_order="left")
 
 
 # ---------------------------------------------------------------------------------------------- progress
@@ -183,7 +185,7 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
              pg_status: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
     """How far each member of each group got. Uses pg_status where it is about collectives only."""
     per = (
-        units.sort("collective_seq_id")
+        units   # in (rank, record) order: within a (group, rank), seq order; `last` below is the latest op
         .group_by("group", "rank")
         .agg(
             pl.col("collective_seq_id").min().alias("first_seq"),
