@@ -379,16 +379,15 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) 
     closers = entries.lazy().filter(is_p2p_closer()).select(
         "rank", "group", "p2p_seq_id", pl.col("state").alias("_batch_state")).collect()
     rank_info = tracks.rename({"tracks_completion": "_tracks"})
-    ops = (
-        ops.join(closers, on=["rank", "group", "p2p_seq_id"], how="left")
-        .join(rank_info, on="rank", how="left")
+    ops = (  # in the entries' (rank, record) order, kept through the joins: the k-th transfer is counted in it
+        ops.join(closers, on=["rank", "group", "p2p_seq_id"], how="left", maintain_order="left")
+        .join(rank_info, on="rank", how="left", maintain_order="left")
         .with_columns(pl.coalesce("_batch_state", "state").alias("_st"))
         .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")).alias("pending"))
         .with_columns(
             pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),
             pl.when(pl.col("op") == "send").then("peer").otherwise("rank").alias("dst"),
         )
-        .sort("rank", "record_id")
     )
     # Pair over the whole window only where both ends kept their whole history.
     any_wrapped = dumps["wrapped"].any()
