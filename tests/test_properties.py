@@ -46,13 +46,14 @@ def test_healthy_job_is_healthy(layout):
 def test_one_injected_fault_is_found_exactly(layout, data):
     job = synth.Job(**layout)
     kind = data.draw(st.sampled_from(["not_joined", "missing_dump", "size_mismatch", "type_mismatch",
-                                      "dtype_mismatch"]))
+                                      "dtype_mismatch", "late_arrival"]))
     rank = data.draw(st.integers(0, job.world_size - 1))
-    job = synth.Job(**layout, fault=synth.Fault(kind=kind, rank=rank, phase="tp"))
+    # late_arrival: the rank joins 5 s past the 600 s timeout
+    job = synth.Job(**layout, fault=synth.Fault(kind=kind, rank=rank, phase="tp", delay_ms=605_000))
     report = _analyze(job)
     assert report.verdict == "fault"
     assert report.culprits["ranks"] == [rank], report.summary
-    expected_kind = "mismatch" if kind.endswith("mismatch") else kind
+    expected_kind = {"late_arrival": "straggler"}.get(kind, "mismatch" if kind.endswith("mismatch") else kind)
     assert report.root_causes[0].kind == expected_kind
 
 
