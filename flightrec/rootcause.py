@@ -266,7 +266,7 @@ def _late_findings(ctx: _Context, loc: Location | None, timing: TimingResult | N
     stuck = pl.DataFrame({"group": [g for g, q in loc.seqs.items() if q >= 0],
                           "collective_seq_id": [q for q in loc.seqs.values() if q >= 0]},
                          schema={"group": GroupId, "collective_seq_id": pl.Int64})
-    late = late_joiners(ctx.m.units, stuck, ctx.topo.frame(), timing.clock_offsets, opts)
+    late = late_joiners(timing.lateness, stuck, opts)
     chronic = {r: row for r, *row in timing.per_rank.filter(pl.col("straggler")).select(
         "rank", "median_late_ms", "late_fraction", "n").iter_rows()}
     out, explained = [], set()

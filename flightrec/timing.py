@@ -42,7 +42,8 @@ class TimingOptions:
 class TimingResult:
     """Frames behind the timing findings (see `per_rank`, `per_host`, `lateness`)."""
 
-    lateness: pl.DataFrame          # (group, collective_seq_id, rank, late_ms): one row per member per collective
+    lateness: pl.DataFrame          # (group, collective_seq_id, rank, host, cross, timeout_ms, late_ms): one row
+                                    # per member per collective of the window
     per_rank: pl.DataFrame          # rank, host, n, median_late_ms, late_fraction, straggler
     per_host: pl.DataFrame          # host, ranks, median_late_ms, clock_offset_ms, straggler
     clock_offsets: pl.DataFrame     # host, clock_offset_ms (removed before computing lateness)
@@ -93,7 +94,7 @@ def lateness(units: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
     inst = inst.with_columns(
         (pl.col("time_created_ns") - (pl.col("clock_offset_ms").fill_null(0.0) * 1e6)).alias("_t"))
     return inst.select(
-        "group", "collective_seq_id", "rank", "host", "cross",
+        "group", "collective_seq_id", "rank", "host", "cross", "timeout_ms",
         ((pl.col("_t") - pl.col("_t").min().over("_inst")) / 1e6).alias("late_ms"),
     )
 
@@ -174,35 +175,26 @@ def _localize(speeds: pl.DataFrame, units: pl.DataFrame, topo: Topology) -> tupl
     return (singles, []) if len(singles) == 1 else ([], [])
 
 
-def late_joiners(units: pl.DataFrame, stuck: pl.DataFrame, hosts: pl.DataFrame, offsets: pl.DataFrame,
-                 opts: TimingOptions) -> pl.DataFrame:
+def late_joiners(late: pl.DataFrame, stuck: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Members that joined a stuck collective so late that the others' timeout fired while they waited.
 
-    `stuck`: (group, collective_seq_id) of collectives every member enqueued and none finished. A member is a
-    late joiner when it enqueued at least `late_timeout_fraction` of the collective's timeout after the first
-    member (clock offsets removed) and every other member arrived within a quarter of that: one rank was late,
-    the rest were on time. Holds with NCCL timing on or off and on Gloo: it reads enqueue times only.
+    `late`: `TimingResult.lateness` (clock offsets already removed). `stuck`: (group, collective_seq_id) of
+    collectives every member enqueued and none finished (they are at their group's frontier, so inside the
+    timing window). A member is a late joiner when it enqueued at least `late_timeout_fraction` of the
+    collective's timeout after the first member and every other member arrived within a quarter of that: one
+    rank was late, the rest were on time. Holds with NCCL timing on or off and on Gloo: it reads enqueue times.
     Returns (group, collective_seq_id, rank, late_ms, next_late_ms, timeout_ms), one row per late joiner."""
-    empty = pl.DataFrame(schema={"group": units.schema["group"], "collective_seq_id": pl.Int64, "rank": pl.Int64,
-                                 "late_ms": pl.Float64, "next_late_ms": pl.Float64, "timeout_ms": pl.Int64})
-    if stuck.height == 0:
-        return empty
-    inst = (units.join(stuck, on=["group", "collective_seq_id"], how="semi")
-            .filter(pl.col("time_created_ns").is_not_null())
-            .select("group", "collective_seq_id", "rank", "time_created_ns", "timeout_ms")
-            .join(hosts, on="rank", how="left").join(offsets, on="host", how="left")
-            .with_columns((pl.col("time_created_ns") - pl.col("clock_offset_ms").fill_null(0.0) * 1e6).alias("_t"))
-            .with_columns(((pl.col("_t") - pl.col("_t").min().over("group", "collective_seq_id")) / 1e6)
-                          .alias("late_ms")))
-    ranked = inst.sort("late_ms", descending=True).group_by("group", "collective_seq_id", maintain_order=True).agg(
-        pl.col("rank").first(), pl.col("late_ms").first(), pl.col("late_ms").get(1, null_on_oob=True).alias("next_late_ms"),
-        pl.col("timeout_ms").max(), pl.len().alias("_n"))
-    late = ranked.filter(
+    ranked = (late.join(stuck, on=["group", "collective_seq_id"], how="semi")
+              .sort("late_ms", descending=True).group_by("group", "collective_seq_id", maintain_order=True)
+              .agg(pl.col("rank").first(), pl.col("late_ms").first(),
+                   pl.col("late_ms").get(1, null_on_oob=True).alias("next_late_ms"), pl.col("timeout_ms").max(),
+                   pl.len().alias("_n")))
+    return ranked.filter(
         (pl.col("_n") >= 2) & (pl.col("timeout_ms") > 0)
         & (pl.col("late_ms") >= pl.col("timeout_ms") * opts.late_timeout_fraction)
         & (pl.col("late_ms") >= opts.min_late_ms)
-        & (pl.col("next_late_ms").fill_null(0.0) <= pl.col("late_ms") / 4))
-    return late.select(empty.columns).cast(empty.schema) if late.height else empty
+        & (pl.col("next_late_ms").fill_null(0.0) <= pl.col("late_ms") / 4)
+    ).drop("_n")
 
 
 def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
@@ -213,7 +205,7 @@ def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
     top = units.group_by("group").agg(pl.col("collective_seq_id").max().alias("_top")).join(
         groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
     units = (units.select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
-                          "time_completed_ns")
+                          "time_completed_ns", "timeout_ms")
              .join(top, on="group")
              .filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window).drop("_top")
              # one integer per collective: every window below is over it, and one u64 hashes fastest
