@@ -90,26 +90,18 @@ def size_rule_ok() -> pl.Expr:
 _UNEQUAL_SHAPES = ["all_to_all", "gather", "scatter"]
 
 
-def shape_key() -> pl.Expr:
+def shape_key(as_text: bool = False) -> pl.Expr:
     """What must be equal across members: outputs for reduce_scatter, inputs for the rest, nothing for ops
-    whose members' shapes may differ."""
-    # Shapes are categoricals over one set of categories: equal text, equal id; comparing ids spares turning
-    # millions of rows back into strings. The top id stands for "nothing to compare".
-    return (
-        pl.when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit(2**32 - 1, dtype=pl.UInt32))
-        .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
-        .then(pl.col("output_sizes").to_physical())
-        .otherwise(pl.col("input_sizes").to_physical())
-    )
+    whose members' shapes may differ. Shapes are categoricals over one set of categories (equal text, equal
+    id), so matching compares ids and spares turning millions of rows back into strings; the top id stands for
+    "nothing to compare". `as_text` for the few divergent collectives a report shows."""
+    def shape(column: str) -> pl.Expr:
+        return pl.col(column).cast(pl.String) if as_text else pl.col(column).to_physical()
 
-
-def shape_text() -> pl.Expr:
-    """`shape_key` as text, for the few divergent collectives a report shows."""
     return (
-        pl.when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit(""))
-        .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
-        .then(pl.col("output_sizes").cast(pl.String))
-        .otherwise(pl.col("input_sizes").cast(pl.String))
+        pl.when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit("") if as_text else pl.lit(2**32 - 1, pl.UInt32))
+        .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"])).then(shape("output_sizes"))
+        .otherwise(shape("input_sizes"))
     )
 
 
@@ -330,7 +322,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) ->
     )
     parts = []
     for status, field in (("type_mismatch", pl.col("op")), ("dtype_mismatch", pl.col("input_dtypes")),
-                          ("size_mismatch", shape_text())):
+                          ("size_mismatch", shape_key(as_text=True))):
         sel = firsts.filter(pl.col("status") == status)
         if sel.height:
             m = _minority(units, sel, field)
