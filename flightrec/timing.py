@@ -19,6 +19,7 @@ from itertools import combinations
 
 import polars as pl
 
+from .match import Matching
 from .topology import Topology
 
 
@@ -53,11 +54,6 @@ class TimingResult:
     threshold_ms: float
 
 
-def _instances(units: pl.DataFrame) -> pl.DataFrame:
-    """Collectives with an enqueue time (groups of one member were dropped up front)."""
-    return units.filter(pl.col("time_created_ns").is_not_null())
-
-
 def with_hosts(units: pl.DataFrame, hosts: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
     """Each unit's host, and `cross`: its group spans more than one host (inside one host there is no clock
     to estimate and no host to blame). Decided from the groups' member lists (small), joined once, shared by
@@ -73,10 +69,10 @@ def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
     """Per host, how far its clock is ahead, from completion times (a collective ends at one instant on every
     member). Solved by a few rounds of: offset += median deviation from the collective's corrected median.
     Only differences between hosts matter; offsets are centred on zero. `units` come from `with_hosts`."""
-    done = units.filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null())
+    done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null())
+            .select("_inst", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
     if done.height == 0:
         return pl.DataFrame(schema={"host": pl.Categorical(), "clock_offset_ms": pl.Float64})
-    done = done.select("_inst", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms"))
     offsets = done.select("host").unique().with_columns(pl.lit(0.0).alias("clock_offset_ms"))
     for _ in range(rounds):
         dev = (done.join(offsets, on="host")
@@ -90,13 +86,12 @@ def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
 
 def lateness(units: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
     """Each member's lateness (ms) against the first member of the collective, clock offsets removed."""
-    inst = _instances(units).join(offsets, on="host", how="left")
-    inst = inst.with_columns(
-        (pl.col("time_created_ns") - (pl.col("clock_offset_ms").fill_null(0.0) * 1e6)).alias("_t"))
-    return inst.select(
-        "group", "collective_seq_id", "rank", "host", "cross", "timeout_ms",
-        ((pl.col("_t") - pl.col("_t").min().over("_inst")) / 1e6).alias("late_ms"),
-    )
+    return (units.lazy().filter(pl.col("time_created_ns").is_not_null())
+            .join(offsets.lazy(), on="host", how="left")
+            .with_columns((pl.col("time_created_ns") - (pl.col("clock_offset_ms").fill_null(0.0) * 1e6)).alias("_t"))
+            .select("group", "collective_seq_id", "rank", "host", "cross", "timeout_ms",
+                    ((pl.col("_t") - pl.col("_t").min().over("_inst")) / 1e6).alias("late_ms"))
+            .collect())
 
 
 def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, float]:
@@ -117,7 +112,7 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
     )
     # A whole host that is late is late against other hosts: judge it on cross-host collectives only.
     per_host = (
-        late.filter(pl.col("cross") & pl.col("host").is_not_null()).group_by("host").agg(
+        late.lazy().filter(pl.col("cross") & pl.col("host").is_not_null()).group_by("host").agg(
             pl.col("rank").unique().sort().alias("ranks"),
             pl.len().alias("n"),
             pl.col("late_ms").median().alias("median_late_ms"),
@@ -127,6 +122,7 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
                        & (pl.col("n") >= opts.min_collectives) & (pl.col("ranks").list.len() > 1)).alias("straggler"))
         .select("host", "ranks", "median_late_ms", "straggler")
         .sort("host")
+        .collect()
     )
     return per_rank, per_host, threshold
 
@@ -134,15 +130,16 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
 def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Per group and op: median time, the peers' baseline, and `slow` when `slow_factor` x longer than the same
     op and shapes in peer groups. Groups without peers are not judged."""
-    timed = units.filter(pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
-    if timed.height == 0:
+    # the collective's own time: from the last member's arrival to the completion (waiting is not slowness)
+    per_inst = (units.lazy()
+                .filter(pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
+                .group_by("_inst")
+                .agg(pl.col("group").first(), pl.col("op").first(), pl.col("input_sizes").first().alias("_shape"),
+                     ((pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6).alias("ms"))
+                .collect())
+    if per_inst.height == 0:
         return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
-    # the collective's own time: from the last member's arrival to the completion (waiting is not slowness)
-    per_inst = (timed.group_by("_inst")
-                .agg(pl.col("group").first(), pl.col("op").first(),
-                     pl.col("input_sizes").first().cast(pl.String).alias("_shape"),
-                     ((pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6).alias("ms")))
     per_group = (per_inst.join(groups.select("group", "pg_desc"), on="group", how="left")
                  .group_by("group", "pg_desc", "op", "_shape").agg(pl.col("ms").median().alias("median_ms")))
     per_group = per_group.with_columns(
@@ -197,20 +194,24 @@ def late_joiners(late: pl.DataFrame, stuck: pl.DataFrame, opts: TimingOptions) -
     ).drop("_n")
 
 
-def analyze_timing(units: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
+def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology,
                    opts: TimingOptions | None = None) -> TimingResult:
+    """Lateness, stragglers, clock offsets and slow groups from the matched collectives `m`."""
     opts = opts or TimingOptions()
     hosts = topo.frame()
-    # Only what timing reads, of each multi-member group's last `window` collectives.
-    top = units.group_by("group").agg(pl.col("collective_seq_id").max().alias("_top")).join(
-        groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
-    units = (units.select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
-                          "time_completed_ns", "timeout_ms")
-             .join(top, on="group")
+    # Only what timing reads, of each multi-member group's last `window` collectives below its frontier (the
+    # furthest any member got: from the small progress table, not from the units).
+    top = (m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
+           .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi"))
+    units = (m.units.lazy()
+             .select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
+                     "time_completed_ns", "timeout_ms")
+             .join(top.lazy(), on="group")
              .filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window).drop("_top")
              # one integer per collective: every window below is over it, and one u64 hashes fastest
              .with_columns((pl.col("group").to_physical().cast(pl.UInt64) * (1 << 32)
-                            + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst")))
+                            + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst"))
+             .collect())
     units = with_hosts(units, hosts, groups)
     offsets = clock_offsets(units)
     late = lateness(units, offsets)
