@@ -54,21 +54,18 @@ class TimingResult:
     threshold_ms: float
 
 
-def with_hosts(units: pl.DataFrame, hosts: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
-    """Each unit's host, and `cross`: its group spans more than one host (inside one host there is no clock
-    to estimate and no host to blame). Decided from the groups' member lists (small), joined once, shared by
-    every stage."""
-    spanning = (groups.select("group", pl.col("ranks").alias("rank")).explode("rank")
-                .join(hosts, on="rank").group_by("group").agg(pl.col("host").n_unique().alias("_hosts"))
-                .filter(pl.col("_hosts") > 1))
-    return units.join(hosts, on="rank", how="left").with_columns(
-        pl.col("group").is_in(spanning["group"].implode()).alias("cross"))
+def _spanning(groups: pl.DataFrame, hosts: pl.DataFrame) -> pl.DataFrame:
+    """(group, cross): the group spans more than one host (inside one host there is no clock to estimate and
+    no host to blame). Decided from the groups' member lists, which are small."""
+    return (groups.select("group", pl.col("ranks").alias("rank")).explode("rank")
+            .join(hosts, on="rank", how="left").group_by("group")
+            .agg((pl.col("host").drop_nulls().n_unique() > 1).alias("cross")))
 
 
 def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
     """Per host, how far its clock is ahead, from completion times (a collective ends at one instant on every
     member). Solved by a few rounds of: offset += median deviation from the collective's corrected median.
-    Only differences between hosts matter; offsets are centred on zero. `units` come from `with_hosts`."""
+    Only differences between hosts matter; offsets are centred on zero. `units` are the windowed units of `analyze_timing`."""
     done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null())
             .select("_inst", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
     if done.height == 0:
@@ -201,18 +198,21 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology,
     hosts = topo.frame()
     # Only what timing reads, of each multi-member group's last `window` collectives below its frontier (the
     # furthest any member got: from the small progress table, not from the units).
+    # Each unit also gets its host and `cross` (its group spans hosts), in the same pass: every stage shares them.
     top = (m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
-           .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi"))
+           .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
+           .join(_spanning(groups, hosts), on="group", how="left"))
     units = (m.units.lazy()
              .select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
                      "time_completed_ns", "timeout_ms")
              .join(top.lazy(), on="group")
              .filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window).drop("_top")
+             .join(hosts.lazy(), on="rank", how="left")
              # one integer per collective: every window below is over it, and one u64 hashes fastest
              .with_columns((pl.col("group").to_physical().cast(pl.UInt64) * (1 << 32)
-                            + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst"))
+                            + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst"),
+                           pl.col("cross").fill_null(False))
              .collect())
-    units = with_hosts(units, hosts, groups)
     offsets = clock_offsets(units)
     late = lateness(units, offsets)
     per_rank, per_host, threshold = stragglers(late, opts)
