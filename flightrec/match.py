@@ -162,7 +162,7 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.Dat
                 pl.col("input_dtypes").cast(pl.String).str.join(";").alias("_dt"),
             )
         ).collect()
-        units = units.join(sig, on=["group", "collective_seq_id", "rank"], how="left").with_columns(
+        units = units.join(sig, on=["group", "collective_seq_id", "rank"], how="left", maintain_order="left").with_columns(
             pl.coalesce(pl.col("_in").cast(pl.Categorical), "input_sizes").alias("input_sizes"),
             pl.coalesce(pl.col("_out").cast(pl.Categorical), "output_sizes").alias("output_sizes"),
             pl.coalesce(pl.col("_dt").cast(pl.Categorical), "input_dtypes").alias("input_dtypes"),

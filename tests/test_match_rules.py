@@ -124,6 +124,22 @@ def test_batch_interleaved_with_another_groups_entry_is_still_one_unit():
     assert status(m, 1) == "matched"
 
 
+def test_units_keep_record_order_so_progress_reports_the_latest_op():
+    """progress takes each member's last op without sorting: units must come out in (rank, record) order,
+    also when a coalesced batch goes through the multi-entry path."""
+    rows = []
+    for r in range(4):
+        rows += [entry(r, 1, record=1),
+                 entry(r, 2, ins="[[8]]", record=2, state="scheduled"),
+                 entry(r, 2, ins="[[4]]", record=3, state="scheduled"),
+                 entry(r, 2, op="coalesced", ins="[]", record=4, n_in=0, name="nccl:allreduce_coalesced"),
+                 entry(r, 3, op="broadcast", record=5, state="started")]
+    m = run(rows)
+    assert m.units.select("rank", "record_id").rows() == [(r, rec) for r in range(4) for rec in (1, 2, 5)]
+    last = m.progress.select("last_enqueued", "last_op", "last_state").unique().rows()
+    assert last == [(3, "broadcast", "started")]
+
+
 def test_in_flight_everywhere_and_state_disagreement():
     rows = [entry(r, 1, state="started") for r in range(4)]
     assert status(run(rows), 1) == "in_flight"
