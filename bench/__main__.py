@@ -16,17 +16,7 @@ import tempfile
 
 from .data import dataset
 from .ingest import PICKLE_FLOOR, parse_sizes
-from .measure import gib, median_of, run_command
-
-ANALYZE = """
-import json, time, warnings
-warnings.simplefilter("ignore")
-import flightrec
-t = time.perf_counter()
-report = flightrec.analyze({d!r}, use_cache={cache}, cache_dir={cache_dir!r})
-print(json.dumps({{"s": time.perf_counter() - t, "summary": report.summary,
-                   "culprits": report.culprits["ranks"], "entries": report.trace.entries.height}}))
-"""
+from .measure import ANALYZE, gib, median_of, run_command
 
 DEFAULT_SIZES = "1024x2000,4096x200,8192x200,16384x200,16384x2000,131072x200"
 

@@ -10,6 +10,17 @@ import time
 
 import psutil
 
+# `flightrec.analyze` in a fresh process: fill in d (dump or shard folder), cache (bool), cache_dir.
+ANALYZE = """
+import json, time, warnings
+warnings.simplefilter("ignore")
+import flightrec
+t = time.perf_counter()
+report = flightrec.analyze({d!r}, use_cache={cache}, cache_dir={cache_dir!r})
+print(json.dumps({{"s": time.perf_counter() - t, "summary": report.summary, "culprits": report.culprits["ranks"],
+                   "entries": report.trace.entries.height, "ranks_loaded": report.dumps.loaded}}))
+"""
+
 
 def run(code: str, timeout: float = 3600) -> dict:
     """Execute `code` in `python -c`; it must print one JSON line with at least {"s": seconds}.

@@ -23,7 +23,7 @@ from flightrec import synth
 
 from .data import DATA, job_for
 from .ingest import parse_sizes
-from .measure import gib, median_of, run
+from .measure import ANALYZE, gib, median_of, run
 
 CONVERT = """
 import json, time, warnings
@@ -34,16 +34,6 @@ t = time.perf_counter()
 raw = load_raw({src!r}, LoadOptions(use_cache=False))
 write_shard(raw, {out!r}, source={src!r}, host=None)
 print(json.dumps({{"s": time.perf_counter() - t, "entries": raw["entries"].height}}))
-"""
-
-ANALYZE = """
-import json, time, warnings
-warnings.simplefilter("ignore")
-import flightrec
-t = time.perf_counter()
-report = flightrec.analyze({d!r}, use_cache=False)
-print(json.dumps({{"s": time.perf_counter() - t, "summary": report.summary, "culprits": report.culprits["ranks"],
-                   "entries": report.trace.entries.height, "ranks_loaded": report.dumps.loaded}}))
 """
 
 
@@ -83,7 +73,7 @@ def main(argv=None) -> None:
     [(ranks, entries)] = parse_sizes(args.size)
     stats, truth = shard_dataset(ranks, entries, args.slice)
     slices = stats["slices"]
-    r = median_of(ANALYZE.format(d=str(DATA / f"r{ranks}_e{entries}_shards")), args.repeat)
+    r = median_of(ANALYZE.format(d=str(DATA / f"r{ranks}_e{entries}_shards"), cache=False, cache_dir=None), args.repeat)
     convert_s = sum(s["s"] for s in slices)
     print("| ranks x entries | entries | pickles (GiB, never on disk at once) | convert (sum of slices) | "
           "convert peak RSS (largest slice) | analyze from shards | analyze peak RSS | per rank (convert + analyze) "
