@@ -372,8 +372,8 @@ def _inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: 
 
 def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) -> Trace:
     """Raw per-file tables -> the typed, joined Trace. Vectorized; runs on cached tables too.
-    Takes `raw["entries"]` out of `raw`: the frame is rebuilt here, and two copies of the largest table must
-    not be alive at once."""
+    Takes `raw["entries"]` out of `raw`: the frame is rebuilt (rechunked) here, and the reader's copy is freed
+    as soon as that is done, not kept until the caller returns."""
     dumps, entries, pg_config = raw["dumps"], raw.pop("entries"), raw["pg_config"]
     # Gloo writes one config with an empty name (`{'': {'name': '', 'ranks': '[0, 1, 2, 3]'}}`): it can't be
     # tied to a group, but its rank list still tells the world size.
