@@ -54,38 +54,33 @@ class TimingResult:
     threshold_ms: float
 
 
-def _spanning(groups: pl.DataFrame, hosts: pl.DataFrame) -> pl.DataFrame:
-    """(group, cross): the group spans more than one host (inside one host there is no clock to estimate and
-    no host to blame). Decided from the groups' member lists, which are small."""
-    return (groups.select("group", pl.col("ranks").alias("rank")).explode("rank")
-            .join(hosts, on="rank", how="left").group_by("group")
-            .agg((pl.col("host").drop_nulls().n_unique() > 1).alias("cross")))
-
-
-def clock_offsets(units: pl.DataFrame, rounds: int = 2) -> pl.DataFrame:
-    """Per host, how far its clock is ahead, from completion times (a collective ends at one instant on every
-    member). Solved by a few rounds of: offset += median deviation from the collective's corrected median.
-    Only differences between hosts matter; offsets are centred on zero. `units` are the windowed units of `analyze_timing`."""
-    done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null())
-            .select("_inst", "host", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
+def clock_offsets(units: pl.DataFrame, n_hosts: int, rounds: int = 2) -> pl.Series:
+    """Per host (by the window's dense host index `_h`), how far its clock is ahead, from completion times (a
+    collective ends at one instant on every member). Solved by a few rounds of: offset += median deviation from
+    the collective's corrected median. Only differences between hosts matter: centred on zero. Null for hosts
+    without a completed cross-host collective. `units` are the windowed units of `analyze_timing`."""
+    done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & pl.col("_h").is_not_null())
+            .select("_inst", "_h", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
+    offsets = pl.Series("clock_offset_ms", [0.0] * n_hosts, dtype=pl.Float64)
     if done.height == 0:
-        return pl.DataFrame(schema={"host": pl.Categorical(), "clock_offset_ms": pl.Float64})
-    offsets = done.select("host").unique().with_columns(pl.lit(0.0).alias("clock_offset_ms"))
-    for _ in range(rounds):
-        dev = (done.join(offsets, on="host")
-               .with_columns((pl.col("_ms") - pl.col("clock_offset_ms")).alias("_c"))
-               .with_columns((pl.col("_c") - pl.col("_c").median().over("_inst")).alias("_d")))
-        step = dev.group_by("host").agg(pl.col("_d").median().alias("_step"))
-        offsets = offsets.join(step, on="host").select(
-            "host", (pl.col("clock_offset_ms") + pl.col("_step")).alias("clock_offset_ms"))
-    return offsets.with_columns(pl.col("clock_offset_ms") - pl.col("clock_offset_ms").median()).sort("host")
+        return offsets.clear(n_hosts)
+    for i in range(rounds):
+        # offsets are read per row by position (the dense host index), not joined: the window is long
+        ms = pl.col("_ms") if i == 0 else pl.col("_ms") - pl.lit(offsets).gather(pl.col("_h"))
+        dev = done.with_columns(ms.alias("_c")).with_columns((pl.col("_c") - pl.col("_c").median().over("_inst")).alias("_d"))
+        step = dev.group_by("_h").agg(pl.col("_d").median().alias("_step"))
+        offsets = offsets.scatter(step["_h"], offsets.gather(step["_h"]) + step["_step"])
+    known = done["_h"].unique()
+    centre = offsets.gather(known).median() or 0.0
+    return pl.Series("clock_offset_ms", [None] * n_hosts, dtype=pl.Float64).scatter(known, offsets.gather(known) - centre)
 
 
-def lateness(units: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
-    """Each member's lateness (ms) against the first member of the collective, clock offsets removed."""
+def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
+    """Each member's lateness (ms) against the first member of the collective, clock offsets (per dense host
+    index, from `clock_offsets`) removed."""
+    shift = pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6
     return (units.lazy().filter(pl.col("time_created_ns").is_not_null())
-            .join(offsets.lazy(), on="host", how="left")
-            .with_columns((pl.col("time_created_ns") - (pl.col("clock_offset_ms").fill_null(0.0) * 1e6)).alias("_t"))
+            .with_columns((pl.col("time_created_ns") - shift).alias("_t"))
             .select("group", "collective_seq_id", "rank", "host", "cross", "timeout_ms",
                     ((pl.col("_t") - pl.col("_t").min().over("_inst")) / 1e6).alias("late_ms"))
             .collect())
@@ -96,8 +91,10 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
     med_all = late["late_ms"].median() or 0.0
     mad = (late["late_ms"] - med_all).abs().median() or 0.0
     threshold = max(opts.min_late_ms, med_all + opts.spread_factor * 1.4826 * mad)
+    # The window keeps the units' rank order: flagged sorted, per-rank groups are slices, not hashed (3x faster).
+    by_rank = late.with_columns(pl.col("rank").set_sorted()) if late["rank"].is_sorted() else late
     per_rank = (
-        late.group_by("rank").agg(
+        by_rank.group_by("rank").agg(
             pl.col("host").first(),
             pl.len().alias("n"),
             pl.col("late_ms").median().alias("median_late_ms"),
@@ -191,30 +188,65 @@ def late_joiners(late: pl.DataFrame, stuck: pl.DataFrame, opts: TimingOptions) -
     ).drop("_n")
 
 
+def _max_member(groups: pl.DataFrame) -> int:
+    return groups.select(pl.col("ranks").list.max().max()).item() or 0
+
+
+def _position(column: str) -> pl.Expr:
+    """`column` as a position for `gather`: null when negative (gather would count those from the end)."""
+    return pl.when(pl.col(column) >= 0).then(pl.col(column))
+
+
+def _by_position(keys: pl.DataFrame, size: int) -> pl.DataFrame:
+    """`keys` (first column: a non-negative integer key, then values) spread over positions 0..size-1, nulls
+    where a key is absent: each window row then reads its values with `gather` on its key instead of a join."""
+    key = keys.columns[0]
+    return (pl.DataFrame({key: pl.arange(0, size, dtype=keys.schema[key], eager=True)})
+            .join(keys, on=key, how="left", maintain_order="left").drop(key))
+
+
+def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
+            opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """What timing reads, of each multi-member group's last `window` collectives below its frontier (the
+    furthest any member got: from the small progress table, not from the units), in the units' (rank, record)
+    order. Each row also gets its host, the dense host index `_h`, `cross` (its group spans hosts) and `_inst`
+    (one u64 per collective: every window below is over it, and one u64 hashes fastest). Per-group and
+    per-rank values are read by position (group id, rank) from small dense tables, not joined: a join over
+    the 1.5M units at 16K ranks costs 2.5x as much. Also returns the dense host index: (_h, host)."""
+    units = m.units
+    host_ids = hosts.select("host").unique(maintain_order=True).with_row_index("_h")
+    by_rank = _by_position(hosts.join(host_ids, on="host").select("rank", "host", "_h"),
+                           int(max(units["rank"].max() or 0, hosts["rank"].max() or 0, _max_member(groups))) + 1)
+    # a group spans hosts when its members' host indexes differ (from the member lists, which are small)
+    spanning = (groups.select("group", pl.col("ranks").alias("rank")).explode("rank").drop_nulls()
+                .with_columns(pl.lit(by_rank["_h"]).gather(_position("rank")).alias("_h"))
+                .group_by("group").agg((pl.col("_h").max() != pl.col("_h").min()).fill_null(False).alias("cross")))
+    top = (m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
+           .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
+           .join(spanning, on="group", how="left")
+           .select(pl.col("group").to_physical().alias("_g"), "_top", pl.col("cross").fill_null(False)))
+    gid = pl.col("group").to_physical()
+    by_group = _by_position(top, int(max(units["group"].to_physical().max() or 0, top["_g"].max() or 0)) + 1)
+    return (units.lazy()
+            .select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
+                    "time_completed_ns", "timeout_ms")
+            .filter(pl.col("collective_seq_id") > pl.lit(by_group["_top"]).gather(gid) - opts.window)
+            .with_columns(pl.lit(by_group["cross"]).gather(gid).alias("cross"),
+                          pl.lit(by_rank["host"]).gather(_position("rank")).alias("host"),
+                          pl.lit(by_rank["_h"]).gather(_position("rank")).alias("_h"),
+                          (gid.cast(pl.UInt64) * (1 << 32) + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst"))
+            .collect()), host_ids
+
+
 def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology,
                    opts: TimingOptions | None = None) -> TimingResult:
     """Lateness, stragglers, clock offsets and slow groups from the matched collectives `m`."""
     opts = opts or TimingOptions()
-    hosts = topo.frame()
-    # Only what timing reads, of each multi-member group's last `window` collectives below its frontier (the
-    # furthest any member got: from the small progress table, not from the units).
-    # Each unit also gets its host and `cross` (its group spans hosts), in the same pass: every stage shares them.
-    top = (m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
-           .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
-           .join(_spanning(groups, hosts), on="group", how="left"))
-    units = (m.units.lazy()
-             .select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
-                     "time_completed_ns", "timeout_ms")
-             .join(top.lazy(), on="group")
-             .filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window).drop("_top")
-             .join(hosts.lazy(), on="rank", how="left")
-             # one integer per collective: every window below is over it, and one u64 hashes fastest
-             .with_columns((pl.col("group").to_physical().cast(pl.UInt64) * (1 << 32)
-                            + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst"),
-                           pl.col("cross").fill_null(False))
-             .collect())
-    offsets = clock_offsets(units)
-    late = lateness(units, offsets)
+    units, host_ids = _window(m, groups, topo.frame(), opts)
+    by_host = clock_offsets(units, host_ids.height)
+    offsets = (host_ids.with_columns(by_host.gather(host_ids["_h"]).alias("clock_offset_ms"))
+               .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
+    late = lateness(units, by_host)
     per_rank, per_host, threshold = stragglers(late, opts)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.

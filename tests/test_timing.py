@@ -2,11 +2,15 @@
 
 import warnings
 
+import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from flightrec import analyze, synth
+from flightrec import analyze, load, synth
+from flightrec.api import run_match
 from flightrec.cli import main
+from flightrec.timing import TimingOptions, _window
+from flightrec.topology import Topology
 
 from .conftest import FIXTURES, recorded_cases
 
@@ -109,3 +113,32 @@ def test_timing_command(make_job, tmp_path):
     lines = result.stdout.splitlines()
     first_rank_row = lines[lines.index("Ranks, latest first:") + 2]
     assert first_rank_row.split()[0] == "3" and first_rank_row.split()[-1] == "True"
+
+
+def test_window_reads_hosts_and_groups_by_position_like_a_join(make_job):
+    """The window reads each row's host and its group's frontier and span from small tables by position
+    (gather) instead of joining: same answer as the joins, including ranks no host is known for."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=40, ranks_per_host=2))
+    trace = load(out)
+    m = run_match(trace)
+    topo = Topology({0: "a", 1: "a", 2: "b", 3: "b", 5: "c"})   # ranks 4, 6, 7: unknown host
+    opts = TimingOptions(window=8)
+    units, host_ids = _window(m, trace.groups, topo.frame(), opts)
+
+    hosts = topo.frame()
+    top = m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
+    span = (trace.groups.select("group", pl.col("ranks").alias("rank")).explode("rank").join(hosts, on="rank")
+            .group_by("group").agg((pl.col("host").n_unique() > 1).alias("cross")))
+    want = (m.units.join(trace.groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
+            .join(top, on="group").filter(pl.col("collective_seq_id") > pl.col("_top") - opts.window)
+            .join(hosts, on="rank", how="left").join(span, on="group", how="left")
+            .select("group", "collective_seq_id", "rank", "host", pl.col("cross").fill_null(False)))
+    key = ["group", "collective_seq_id", "rank"]
+    got = units.select(*key, "host", "cross")
+    assert got.sort(key).equals(want.sort(key))
+    assert got.filter(pl.col("rank").is_in([4, 6, 7]))["host"].null_count() == got.filter(
+        pl.col("rank").is_in([4, 6, 7])).height > 0
+    assert units["rank"].is_sorted()   # the units' rank order is kept: per-rank statistics rely on it
+    assert sorted(host_ids["host"].to_list()) == ["a", "b", "c"]
+    # the window is each group's last 8 collectives
+    assert units.group_by("group").agg(pl.col("collective_seq_id").n_unique())["collective_seq_id"].max() == 8
