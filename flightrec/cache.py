@@ -54,7 +54,10 @@ def write_tables(raw: dict[str, pl.DataFrame], folder: Path, manifest: dict) -> 
     tmp.mkdir(parents=True)
     try:
         for name in TABLES:
-            raw[name].write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False)
+            # One row group: read back, every column is one contiguous chunk, which the analysis needs (a frame
+            # of many chunks would have to be copied whole into one, doubling peak memory: 5 GB at 16K x 2,000).
+            raw[name].write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False,
+                                    row_group_size=max(1, raw[name].height))
         (tmp / MANIFEST).write_text(json.dumps({**manifest, "format": CACHE_FORMAT_VERSION}))
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
@@ -62,8 +65,8 @@ def write_tables(raw: dict[str, pl.DataFrame], folder: Path, manifest: dict) -> 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def read_tables(folder: Path) -> dict[str, pl.DataFrame]:
-    return {name: pl.read_parquet(folder / f"{name}.parquet") for name in TABLES}
+def read_tables(folder: Path, names: tuple[str, ...] = TABLES) -> dict[str, pl.DataFrame]:
+    return {name: pl.read_parquet(folder / f"{name}.parquet") for name in names}
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -86,10 +89,13 @@ def read(files: list["DumpFile"], root: str, options: "LoadOptions") -> dict[str
         return None
 
 
-def write(raw: dict[str, pl.DataFrame], files: list["DumpFile"], root: str, options: "LoadOptions") -> None:
+def write(raw: dict[str, pl.DataFrame], files: list["DumpFile"], root: str, options: "LoadOptions") -> Path | None:
+    """Write the cache; returns its folder, or None (with a warning) when it could not be written."""
     folder = _folder(root, options)
     try:
         write_tables(raw, folder, {"fingerprint": _fingerprint(files), "root": os.path.realpath(root),
                                    "files": len(files)})
     except OSError as exc:
         warnings.warn(f"could not write the cache at {folder} ({exc}); pass --no-cache to skip it", stacklevel=3)
+        return None
+    return folder
