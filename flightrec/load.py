@@ -410,7 +410,8 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
             .select(pl.coalesce("group", "_g").alias("group"), "peer_local")
             .join(peers.lazy(), on=["group", "peer_local"], how="left", maintain_order="left")
             .select("group", "peer")
-            .collect())
+            .collect()
+            .rechunk())   # the join hands back a chunk per thread: aligned with the rest, one chunk too
     entries = conform(entries.drop("group", "peer", strict=False).with_columns(keys["group"], keys["peer"]),
                       ENTRIES_WITH_GROUP)
     if not _sorted_by_rank_and_record(entries):  # files are read in rank order, entries in record order: rare
@@ -510,10 +511,20 @@ def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.Data
     if raw is None:
         with tempfile.TemporaryDirectory(prefix="flightrec-spool-") as spool:
             raw = _assemble_raw(files, _parse_all(files, options, spool))
-        folder = _cache.write(raw, files, root, options) if options.use_cache else None
-        if folder is not None:
-            # The workers' entries come in one chunk per batch; the cache's are one chunk. Swapping them
-            # (old copy released first) saves `assemble` from copying 5 GB into one chunk at 16K x 2,000.
-            raw["entries"] = None
-            raw["entries"] = _cache.read_tables(folder, ("entries",))["entries"]
+            folder = _cache.write(raw, files, root, options) if options.use_cache else None
+            _reload_in_one_chunk(raw, folder or Path(spool))
     return raw
+
+
+def _reload_in_one_chunk(raw: dict[str, pl.DataFrame], folder: Path) -> None:
+    """The workers' entries come in one chunk per batch, partly memory-mapped from their spool files; the
+    analysis needs one chunk per column. Copying them into one in memory would hold both copies at once (10 GB
+    at 16K ranks x 2,000 entries, and fresh pages are slow on VMs); instead they are read back from the cache
+    just written (one row group), or from a spool file written the same way, after the first copy is released."""
+    if all(n <= 1 for n in raw["entries"].n_chunks("all")):
+        return
+    path = folder / "entries.parquet"
+    if not path.exists():
+        raw["entries"].write_parquet(path, compression="lz4", statistics=False, row_group_size=raw["entries"].height)
+    raw["entries"] = None
+    raw["entries"] = pl.read_parquet(path)

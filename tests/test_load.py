@@ -169,3 +169,17 @@ def test_recorder_1_4_pg_config_lists(tmp_path):
     from flightrec import analyze
     report = analyze(tmp_path)
     assert report.culprits["ranks"] == [2] and report.root_causes[0].collective_seq_id == 3
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_worker_batches_come_back_as_one_chunk(make_job, tmp_path, use_cache):
+    """Workers hand over one batch of entries each; the trace holds one chunk per column, read back from the
+    cache or a spool file, with the same rows as an in-process load."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=4, steps=3))
+    pooled = load(out, LoadOptions(use_cache=use_cache, cache_dir=tmp_path / "cache", workers=2))
+    assert set(pooled.entries.n_chunks("all")) == {1}
+    in_process = load(out, LoadOptions(use_cache=False, workers=1))
+    assert pooled.entries.equals(in_process.entries)
+    if use_cache:   # and the warm load reads the same one chunk
+        warm = load(out, LoadOptions(use_cache=True, cache_dir=tmp_path / "cache", workers=2))
+        assert set(warm.entries.n_chunks("all")) == {1} and warm.entries.equals(in_process.entries)
