@@ -22,6 +22,7 @@ import polars as pl
 import pyarrow as pa
 
 from . import cache as _cache
+from . import lookup
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
 from .flatten import derive_entries, flatten_dump
@@ -403,13 +404,12 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     # are one chunk, and misaligned chunks would make every later select copy the frame column by column.
     if any(n > 1 for n in entries.n_chunks("all")):
         entries = entries.rechunk()
-    peers = members.rename({"rank": "peer", "local_rank": "peer_local"})
-    keys = (entries.lazy().select("rank", "pg_name", "peer_local")
-            .join(rank_group.lazy(), on=["rank", "pg_name"], how="left", maintain_order="left")
-            .join(inferred.lazy(), on="pg_name", how="left", maintain_order="left")
-            .select(pl.coalesce("group", "_g").alias("group"), "peer_local")
-            .join(peers.lazy(), on=["group", "peer_local"], how="left", maintain_order="left")
-            .select("group", "peer")
+    keys = (entries.lazy().select("rank", "pg_name", "peer_local", _rank_and_name())
+            .join(rank_group.lazy().select(_rank_and_name(), "group"), on="_k", how="left", maintain_order="left"))
+    if inferred.height:
+        keys = keys.join(inferred.lazy(), on="pg_name", how="left", maintain_order="left").with_columns(
+            pl.coalesce("group", "_g").alias("group"))
+    keys = (keys.select("group", _peer_of(members))
             .collect()
             .rechunk())   # the join hands back a chunk per thread: aligned with the rest, one chunk too
     entries = conform(entries.drop("group", "peer", strict=False).with_columns(keys["group"], keys["peer"]),
@@ -426,6 +426,24 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         groups=groups, members=members, memberships=memberships,
         pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
     )
+
+
+def _rank_and_name() -> pl.Expr:
+    """(rank, pg_name) as one u64 (rank high, the name's categorical id low): a join hashes one integer."""
+    return (pl.col("rank").cast(pl.UInt64, strict=False) * (1 << 32)
+            + pl.col("pg_name").to_physical().cast(pl.UInt64)).alias("_k")
+
+
+def _peer_of(members: pl.DataFrame) -> pl.Expr:
+    """An entry's peer rank from its group and the peer's local rank, read by position: `members` holds each
+    group's ranks contiguously in local-rank order, so the peer is row start(group) + peer_local."""
+    spans = (members.with_row_index("_i").group_by("group")
+             .agg(pl.col("_i").min().cast(pl.Int64).alias("_start"), pl.len().cast(pl.Int64).alias("_n"))
+             .select(pl.col("group").to_physical().alias("_g"), "_start", "_n"))
+    by_group = lookup.by_position(spans, int(spans["_g"].max() or 0) + 1)
+    group, local = pl.col("group").to_physical(), pl.col("peer_local")
+    at = pl.when(local < lookup.read(by_group, "_n", group)).then(lookup.read(by_group, "_start", group) + local)
+    return lookup.read(members, "rank", at).alias("peer")
 
 
 def _sorted_by_rank_and_record(entries: pl.DataFrame) -> bool:

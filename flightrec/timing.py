@@ -19,6 +19,7 @@ from itertools import combinations
 
 import polars as pl
 
+from . import lookup
 from .match import Matching
 from .topology import Topology
 
@@ -188,23 +189,6 @@ def late_joiners(late: pl.DataFrame, stuck: pl.DataFrame, opts: TimingOptions) -
     ).drop("_n")
 
 
-def _max_member(groups: pl.DataFrame) -> int:
-    return groups.select(pl.col("ranks").list.max().max()).item() or 0
-
-
-def _position(column: str) -> pl.Expr:
-    """`column` as a position for `gather`: null when negative (gather would count those from the end)."""
-    return pl.when(pl.col(column) >= 0).then(pl.col(column))
-
-
-def _by_position(keys: pl.DataFrame, size: int) -> pl.DataFrame:
-    """`keys` (first column: a non-negative integer key, then values) spread over positions 0..size-1, nulls
-    where a key is absent: each window row then reads its values with `gather` on its key instead of a join."""
-    key = keys.columns[0]
-    return (pl.DataFrame({key: pl.arange(0, size, dtype=keys.schema[key], eager=True)})
-            .join(keys, on=key, how="left", maintain_order="left").drop(key))
-
-
 def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
             opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame]:
     """What timing reads, of each multi-member group's last `window` collectives below its frontier (the
@@ -215,25 +199,25 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
     the 1.5M units at 16K ranks costs 2.5x as much. Also returns the dense host index: (_h, host)."""
     units = m.units
     host_ids = hosts.select("host").unique(maintain_order=True).with_row_index("_h")
-    by_rank = _by_position(hosts.join(host_ids, on="host").select("rank", "host", "_h"),
-                           int(max(units["rank"].max() or 0, hosts["rank"].max() or 0, _max_member(groups))) + 1)
+    by_rank = lookup.by_position(hosts.join(host_ids, on="host").select("rank", "host", "_h"),
+                                 int(hosts["rank"].max() or 0) + 1)
     # a group spans hosts when its members' host indexes differ (from the member lists, which are small)
     spanning = (groups.select("group", pl.col("ranks").alias("rank")).explode("rank").drop_nulls()
-                .with_columns(pl.lit(by_rank["_h"]).gather(_position("rank")).alias("_h"))
+                .with_columns(lookup.read(by_rank, "_h", pl.col("rank")).alias("_h"))
                 .group_by("group").agg((pl.col("_h").max() != pl.col("_h").min()).fill_null(False).alias("cross")))
     top = (m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
            .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
            .join(spanning, on="group", how="left")
            .select(pl.col("group").to_physical().alias("_g"), "_top", pl.col("cross").fill_null(False)))
     gid = pl.col("group").to_physical()
-    by_group = _by_position(top, int(max(units["group"].to_physical().max() or 0, top["_g"].max() or 0)) + 1)
+    by_group = lookup.by_position(top, int(top["_g"].max() or 0) + 1)
     return (units.lazy()
             .select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
                     "time_completed_ns", "timeout_ms")
-            .filter(pl.col("collective_seq_id") > pl.lit(by_group["_top"]).gather(gid) - opts.window)
-            .with_columns(pl.lit(by_group["cross"]).gather(gid).alias("cross"),
-                          pl.lit(by_rank["host"]).gather(_position("rank")).alias("host"),
-                          pl.lit(by_rank["_h"]).gather(_position("rank")).alias("_h"),
+            .filter(pl.col("collective_seq_id") > lookup.read(by_group, "_top", gid) - opts.window)
+            .with_columns(lookup.read(by_group, "cross", gid).alias("cross"),
+                          lookup.read(by_rank, "host", pl.col("rank")).alias("host"),
+                          lookup.read(by_rank, "_h", pl.col("rank")).alias("_h"),
                           (gid.cast(pl.UInt64) * (1 << 32) + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst"))
             .collect()), host_ids
 
