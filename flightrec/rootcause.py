@@ -179,9 +179,11 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
 
     # A root is often waited on in several groups; name the op it should have run first: the one its peers
     # enqueued earliest.
-    when = (ctx.m.units.join(edges.select("group", pl.col("seq").alias("collective_seq_id")).unique(),
-                             on=["group", "collective_seq_id"])
-            .group_by("group", "collective_seq_id").agg(pl.col("time_created_ns").min().alias("_t")))
+    # (lazy, over the three columns it reads: an eager join copies every column of the matched units)
+    when = (ctx.m.units.lazy().select("group", "collective_seq_id", "time_created_ns")
+            .join(edges.lazy().select("group", pl.col("seq").alias("collective_seq_id")).unique(),
+                  on=["group", "collective_seq_id"])
+            .group_by("group", "collective_seq_id").agg(pl.col("time_created_ns").min().alias("_t")).collect())
     edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
     by_instance: dict[tuple[str, int | None, str], list[int]] = defaultdict(list)  # (group, seq, edge kind)
     for r in roots:
@@ -413,7 +415,8 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     roots += _mismatch_findings(ctx)
     # ranks stuck in a mismatched collective are explained by it, whichever side they are on
     mismatched = m.divergences.filter(pl.col("status").is_in(MISMATCH_STATUSES)).select("group", "collective_seq_id")
-    explained = set(m.units.join(mismatched, on=["group", "collective_seq_id"])["rank"].to_list())
+    explained = set(m.units.lazy().select("group", "collective_seq_id", "rank")
+                    .join(mismatched.lazy(), on=["group", "collective_seq_id"]).collect()["rank"].to_list())
     roots += _p2p_findings(ctx)
     explained |= {r for f in roots for r in f.ranks}
     p2p_culprits = {r for f in roots if f.kind == "p2p_unmatched" for r in f.ranks}
