@@ -373,22 +373,29 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) 
     counts no longer line up, so only unfinished transfers are paired (their order is still the same on both
     ends): that is all a hang needs, and completed transfers were matched by NCCL itself.
     """
-    # One lazy plan up to the pool of transfers to pair: eager, each join and column copied the 8M p2p ops
-    # at 16K x 2,000 (5.6 s, +3.3 GiB), though after a wrap only the few unfinished ones are paired.
-    ops = (entries.lazy().filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
-           .select("rank", "group", "p2p_seq_id", "record_id", "op", "peer", "state", "input_sizes", "output_sizes"))
-    closers = entries.lazy().filter(is_p2p_closer()).select(
-        "rank", "group", "p2p_seq_id", pl.col("state").alias("_batch_state"))
-    rank_info = tracks.rename({"tracks_completion": "_tracks"}).lazy()
-    ops = (  # in the entries' (rank, record) order, kept through the joins: the k-th transfer is counted in it
-        ops.join(closers, on=["rank", "group", "p2p_seq_id"], how="left", maintain_order="left")
-        .join(rank_info, on="rank", how="left", maintain_order="left")
-        .with_columns(pl.coalesce("_batch_state", "state").alias("_st"))
+    # One lazy plan up to the pool of transfers to pair, in the entries' (rank, record) order (the k-th transfer
+    # is counted in it). A batch's state is its closer's, and the closer is recorded right after the batch:
+    # read it by filling each closer's state and key backwards over the p2p rows, no join of 8M ops.
+    closer = is_p2p_closer()
+    batch_state = pl.when(pl.col("_closer")).then(pl.col("state")).backward_fill()
+    same_batch = pl.all_horizontal(pl.when(pl.col("_closer")).then(pl.col(c)).backward_fill() == pl.col(c)
+                                   for c in ("rank", "group", "p2p_seq_id"))
+    rank_info = lookup.by_position(tracks, int(tracks["rank"].max() or 0) + 1)
+    ops = (
+        entries.lazy()
+        .select("rank", "group", "p2p_seq_id", "record_id", "op", "peer", "state", "input_sizes", "output_sizes",
+                "is_p2p", closer.alias("_closer"))
+        .filter(pl.col("is_p2p") | pl.col("_closer"))
+        .with_columns(pl.when(same_batch).then(batch_state).alias("_batch_state"))
+        .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
+        .with_columns(lookup.read(rank_info, "tracks_completion", pl.col("rank")).alias("_tracks"),
+                      pl.coalesce("_batch_state", "state").alias("_st"))
         .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")).alias("pending"))
         .with_columns(
             pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),
             pl.when(pl.col("op") == "send").then("peer").otherwise("rank").alias("dst"),
         )
+        .drop("is_p2p", "_closer")
     )
     # Pair over the whole window only where both ends kept their whole history.
     any_wrapped = dumps["wrapped"].any()
