@@ -181,3 +181,19 @@ def test_p2p_pairs_and_unmatched():
     m = run(rows, ranks=(0, 1))
     assert m.p2p["status"].to_list() == ["matched", "unmatched_send"]
     assert m.p2p.row(1, named=True)["send_rank"] == 0
+
+
+def test_one_entry_units_read_like_aggregated_ones():
+    """When no unit spans several entries, the entries are taken as the units without aggregating: nulls must
+    come out as the aggregations give them (a null numel sums to 0, a null `retired` counts as all retired,
+    a null time stays null), and a batch elsewhere in the job must not change the single-entry units."""
+    singles = [dict(entry(r, 1), input_numel=None, retired=None, time_created_ns=None) for r in range(4)]
+    singles += [entry(r, 2, state="started") for r in range(4)]
+    fast = run(singles).units
+    assert fast["n_entries"].to_list() == [1] * 8
+    assert fast.filter(pl.col("collective_seq_id") == 1).select("input_numel", "retired", "time_created_ns").unique().rows() == [(0, True, None)]
+    batch = [entry(r, 3, record=3, state="scheduled") for r in range(4)] + [
+        entry(r, 3, op="coalesced", ins="[]", record=4, n_in=0, name="nccl:allreduce_coalesced") for r in range(4)]
+    aggregated = run(singles + batch).units
+    assert aggregated.filter(pl.col("collective_seq_id") < 3).equals(fast)
+    assert aggregated.filter(pl.col("collective_seq_id") == 3)["n_entries"].to_list() == [2] * 4
