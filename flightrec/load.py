@@ -404,12 +404,20 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     # are one chunk, and misaligned chunks would make every later select copy the frame column by column.
     if any(n > 1 for n in entries.n_chunks("all")):
         entries = entries.rechunk()
-    keys = (entries.lazy().select("rank", "pg_name", "peer_local", _rank_and_name())
-            .join(rank_group.lazy().select(_rank_and_name(), "group"), on="_k", how="left", maintain_order="left"))
-    if inferred.height:
-        keys = keys.join(inferred.lazy(), on="pg_name", how="left", maintain_order="left").with_columns(
-            pl.coalesce("group", "_g").alias("group"))
-    keys = (keys.select("group", _peer_of(members))
+    by_name = pl.concat([rank_group.select("pg_name", "group").unique(), inferred.rename({"_g": "group"})])
+    if by_name["pg_name"].is_unique().all():
+        # Every name is one group (names are reused only when a group is split): read it by the name's id.
+        by_name = by_name.select(pl.col("pg_name").to_physical().alias("_n"), "group")
+        size = int(max(by_name["_n"].max() or 0, entries["pg_name"].to_physical().max() or 0)) + 1
+        keys = entries.lazy().select("peer_local", lookup.read(
+            lookup.by_position(by_name, size), "group", pl.col("pg_name").to_physical(), in_range=True))
+    else:   # which group a reused name means depends on the rank that declared it
+        keys = (entries.lazy().select("rank", "pg_name", "peer_local", _rank_and_name())
+                .join(rank_group.lazy().select(_rank_and_name(), "group"), on="_k", how="left", maintain_order="left"))
+        if inferred.height:
+            keys = keys.join(inferred.lazy(), on="pg_name", how="left", maintain_order="left").with_columns(
+                pl.coalesce("group", "_g").alias("group"))
+    keys = (keys.select("group", _peer_of(members, groups))
             .collect()
             .rechunk())   # the join hands back a chunk per thread: aligned with the rest, one chunk too
     entries = conform(entries.drop("group", "peer", strict=False).with_columns(keys["group"], keys["peer"]),
@@ -434,16 +442,18 @@ def _rank_and_name() -> pl.Expr:
             + pl.col("pg_name").to_physical().cast(pl.UInt64)).alias("_k")
 
 
-def _peer_of(members: pl.DataFrame) -> pl.Expr:
+def _peer_of(members: pl.DataFrame, groups: pl.DataFrame) -> pl.Expr:
     """An entry's peer rank from its group and the peer's local rank, read by position: `members` holds each
-    group's ranks contiguously in local-rank order, so the peer is row start(group) + peer_local."""
+    group's ranks contiguously in local-rank order, so the peer is row start(group) + peer_local. Every entry's
+    group is one of `groups`, so the per-group table laid out over their ids covers every key."""
     spans = (members.with_row_index("_i").group_by("group")
              .agg(pl.col("_i").min().cast(pl.Int64).alias("_start"), pl.len().cast(pl.Int64).alias("_n"))
              .select(pl.col("group").to_physical().alias("_g"), "_start", "_n"))
-    by_group = lookup.by_position(spans, int(spans["_g"].max() or 0) + 1)
+    by_group = lookup.by_position(spans, int(groups["group"].to_physical().max() or 0) + 1)
     group, local = pl.col("group").to_physical(), pl.col("peer_local")
-    at = pl.when(local < lookup.read(by_group, "_n", group)).then(lookup.read(by_group, "_start", group) + local)
-    return lookup.read(members, "rank", at).alias("peer")
+    inside = (local >= 0) & (local < lookup.read(by_group, "_n", group, in_range=True))
+    at = pl.when(inside).then(lookup.read(by_group, "_start", group, in_range=True) + local)
+    return lookup.read(members, "rank", at, in_range=True).alias("peer")
 
 
 def _sorted_by_rank_and_record(entries: pl.DataFrame) -> bool:

@@ -17,8 +17,16 @@ def by_position(table: pl.DataFrame, size: int) -> pl.DataFrame:
             .join(table, on=key, how="left", maintain_order="left").drop(key))
 
 
-def read(laid_out: pl.DataFrame, column: str, key: pl.Expr) -> pl.Expr:
+def read(laid_out: pl.DataFrame, column: str, key: pl.Expr, *, in_range: bool = False) -> pl.Expr:
     """Each row's `column` from a `by_position` table at position `key`; null for a null key, a negative
-    one (gather would count it from the end) or one past the table."""
+    one (gather would count it from the end) or one past the table. `in_range`: the caller sized the table
+    from the data, so every key is null or a position in it; the checks are skipped (they cost 4x the read)."""
     values = laid_out.get_column(column)
+    if in_range:
+        return pl.lit(values).gather(key)
     return pl.lit(values).gather(pl.when((key >= 0) & (key < len(values))).then(key))
+
+
+def covers(keys: pl.Series, size: int) -> bool:
+    """Every non-null value of `keys` is a position in a table of `size` rows (then `read(in_range=True)`)."""
+    return keys.null_count() == len(keys) or (keys.min() >= 0 and keys.max() < size)

@@ -61,6 +61,12 @@ def is_p2p_closer() -> pl.Expr:
 COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl")
 
 
+def _tracks_by_rank(tracks: pl.DataFrame, entries: pl.DataFrame) -> tuple[pl.DataFrame, bool]:
+    """`tracks` laid out by rank over every rank in `entries`, and whether all their ranks fall inside."""
+    size = int(max(tracks["rank"].max() or 0, entries["rank"].max() or 0)) + 1
+    return lookup.by_position(tracks, size), lookup.covers(entries["rank"], size)
+
+
 def completion_by_rank(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFrame:
     """(rank, tracks_completion): the rank's recorder reports completion. Read from the backend, so a rank
     whose first op is the one that hung still counts; and from the states, for dumps of unknown backend."""
@@ -160,9 +166,9 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.Dat
     """One row per (group, seq, rank) for collectives, in (rank, record) order; p2p and batch closers are left
     out. `entries` must be in (rank, record) order, as `load` leaves them."""
     # Lazy, so only the columns used below are materialized from the (widest, longest) entries frame.
-    by_rank = lookup.by_position(tracks, int(tracks["rank"].max() or 0) + 1)   # read per row: no join
+    by_rank, in_range = _tracks_by_rank(tracks, entries)   # read per row: no join
     marked = entries.lazy().with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p"),
-                                         lookup.read(by_rank, "tracks_completion", pl.col("rank")))
+                                         lookup.read(by_rank, "tracks_completion", pl.col("rank"), in_range=in_range))
     coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
     # Entries are in (rank, record) order, and one thread records a unit's entries back to back: each run of
     # equal keys is a unit. Each entry is first read as a unit of its own (`_ONE_ENTRY`); when every run is one
@@ -405,7 +411,7 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) 
     batch_state = pl.when(pl.col("_closer")).then(pl.col("state")).backward_fill()
     same_batch = pl.all_horizontal(pl.when(pl.col("_closer")).then(pl.col(c)).backward_fill() == pl.col(c)
                                    for c in ("rank", "group", "p2p_seq_id"))
-    rank_info = lookup.by_position(tracks, int(tracks["rank"].max() or 0) + 1)
+    rank_info, in_range = _tracks_by_rank(tracks, entries)
     ops = (
         entries.lazy()
         .select("rank", "group", "p2p_seq_id", "record_id", "op", "peer", "state", "input_sizes", "output_sizes",
@@ -413,7 +419,7 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) 
         .filter(pl.col("is_p2p") | pl.col("_closer"))
         .with_columns(pl.when(same_batch).then(batch_state).alias("_batch_state"))
         .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
-        .with_columns(lookup.read(rank_info, "tracks_completion", pl.col("rank")).alias("_tracks"),
+        .with_columns(lookup.read(rank_info, "tracks_completion", pl.col("rank"), in_range=in_range).alias("_tracks"),
                       pl.coalesce("_batch_state", "state").alias("_st"))
         .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")).alias("pending"))
         .with_columns(

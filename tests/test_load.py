@@ -5,7 +5,7 @@ import warnings
 import polars as pl
 import pytest
 
-from flightrec import LoadOptions, load, synth
+from flightrec import LoadOptions, analyze, load, synth
 from flightrec.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
 from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
 
@@ -183,3 +183,24 @@ def test_worker_batches_come_back_as_one_chunk(make_job, tmp_path, use_cache):
     if use_cache:   # and the warm load reads the same one chunk
         warm = load(out, LoadOptions(use_cache=True, cache_dir=tmp_path / "cache", workers=2))
         assert set(warm.entries.n_chunks("all")) == {1} and warm.entries.equals(in_process.entries)
+
+
+def test_a_reused_group_name_means_the_group_its_rank_declared(make_job):
+    """Two groups with one name but different members (split groups reuse names): each rank's entries go to
+    the group it declared, name#1 or name#2, not to one of them by name."""
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=2, steps=2))
+    for path in out.iterdir():   # our own synthetic files: rename both tp groups to "tp"
+        dump = pickle.loads(path.read_bytes())
+        tp = next(k for k, v in dump["pg_config"].items() if v["desc"] == "tp")
+        dump["pg_config"]["tp"] = dict(dump["pg_config"].pop(tp), name="tp")
+        for e in dump["entries"]:
+            if e["process_group"][0] == tp:
+                e["process_group"] = ("tp", "tp")
+        path.write_bytes(pickle.dumps(dump))
+    trace = load(out, LoadOptions(use_cache=False))
+    declared = trace.memberships.filter(pl.col("pg_name") == "tp").select("rank", "group")
+    assert sorted(declared["group"].cast(pl.String).unique().to_list()) == ["tp#1", "tp#2"]
+    used = trace.entries.filter(pl.col("pg_name") == "tp").select("rank", "group").unique()
+    assert used.sort("rank").equals(declared.sort("rank"))
+    report = analyze(out, use_cache=False)
+    assert report.verdict == "healthy", report.summary

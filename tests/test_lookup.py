@@ -2,7 +2,8 @@
 
 import polars as pl
 
-from flightrec import lookup
+from flightrec import load, lookup, synth
+from flightrec.load import _peer_of
 
 
 def test_read_by_position_is_a_left_join():
@@ -19,3 +20,25 @@ def test_read_from_an_empty_table_gives_nulls():
     laid_out = lookup.by_position(pl.DataFrame(schema={"g": pl.UInt32, "n": pl.Int64}), 1)
     got = pl.DataFrame({"g": [0, 3]}).select(lookup.read(laid_out, "n", pl.col("g")))
     assert got["n"].to_list() == [None, None]
+
+
+def test_in_range_reads_skip_the_checks_and_covers_says_when_that_is_safe():
+    laid_out = lookup.by_position(pl.DataFrame({"k": [0, 1, 2], "v": [10, 11, 12]}), 3)
+    keys = pl.Series("k", [2, None, 0])
+    assert lookup.covers(keys, 3) and not lookup.covers(pl.Series([3]), 3) and not lookup.covers(pl.Series([-1]), 3)
+    assert lookup.covers(pl.Series([None], dtype=pl.Int64), 3)
+    got = keys.to_frame().select(lookup.read(laid_out, "v", pl.col("k"), in_range=True))
+    assert got["v"].to_list() == [12, None, 10]
+
+
+def test_a_negative_peer_local_has_no_peer(make_job):
+    """A peer's local rank outside its group (negative, or past its size) names no peer, never another
+    group's member."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=1))
+    trace = load(out)
+    g = trace.members["group"][0]
+    rows = pl.DataFrame({"group": [g, g, g, g], "peer_local": [0, -1, 99, None]},
+                        schema={"group": trace.members.schema["group"], "peer_local": pl.Int64})
+    got = rows.select(_peer_of(trace.members, trace.groups))["peer"].to_list()
+    first = trace.members.filter(pl.col("group") == g).sort("local_rank")["rank"][0]
+    assert got == [first, None, None, None]
