@@ -544,13 +544,16 @@ def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.Data
     return raw
 
 
+SPILL_BYTES = 1 << 30   # entries above this are made one chunk through disk, not by a second copy in memory
+
+
 def _reload_in_one_chunk(raw: dict[str, pl.DataFrame], folder: Path) -> None:
     """The workers' entries come in one chunk per batch, partly memory-mapped from their spool files; the
     analysis needs one chunk per column. Copying them into one in memory would hold both copies at once (10 GB
     at 16K ranks x 2,000 entries, and fresh pages are slow on VMs); instead they are read back from the cache
     just written (one row group), or from a spool file written the same way, after the first copy is released."""
-    if all(n <= 1 for n in raw["entries"].n_chunks("all")):
-        return
+    if all(n <= 1 for n in raw["entries"].n_chunks("all")) or raw["entries"].estimated_size() < SPILL_BYTES:
+        return   # small: `assemble` copies it into one chunk in memory, which is faster than a round trip
     path = folder / "entries.parquet"
     if not path.exists():
         raw["entries"].write_parquet(path, compression="lz4", statistics=False, row_group_size=raw["entries"].height)

@@ -1,3 +1,4 @@
+import importlib
 import math
 import pickle
 import warnings
@@ -171,10 +172,12 @@ def test_recorder_1_4_pg_config_lists(tmp_path):
     assert report.culprits["ranks"] == [2] and report.root_causes[0].collective_seq_id == 3
 
 
+@pytest.mark.parametrize("spill", [False, True])
 @pytest.mark.parametrize("use_cache", [False, True])
-def test_worker_batches_come_back_as_one_chunk(make_job, tmp_path, use_cache):
-    """Workers hand over one batch of entries each; the trace holds one chunk per column, read back from the
-    cache or a spool file, with the same rows as an in-process load."""
+def test_worker_batches_come_back_as_one_chunk(make_job, tmp_path, monkeypatch, use_cache, spill):
+    """Workers hand over one batch of entries each; the trace holds one chunk per column (big entries read
+    back from the cache or a spool file, small ones copied in memory), with the same rows as in-process."""
+    monkeypatch.setattr(importlib.import_module("flightrec.load"), "SPILL_BYTES", 0 if spill else 1 << 60)
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=4, steps=3))
     pooled = load(out, LoadOptions(use_cache=use_cache, cache_dir=tmp_path / "cache", workers=2))
     assert set(pooled.entries.n_chunks("all")) == {1}
