@@ -399,9 +399,9 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     rank_group = memberships.select("rank", pl.col("pg_name").cast(Text), "group").unique(["rank", "pg_name"])
     inferred = groups.filter(pl.col("source") == "inferred").select(pl.col("pg_name").cast(Text),
                                                                     pl.col("group").alias("_g"))
-    # Joined on the three key columns only, then attached: joining the whole frame would copy every column.
-    # One contiguous chunk first (readers hand over one chunk per worker batch or row group): the new columns
-    # are one chunk, and misaligned chunks would make every later select copy the frame column by column.
+    # Group and peer are computed from the key columns only, then attached: joining the whole frame would copy
+    # every column. One contiguous chunk first (in-memory loads hand over one chunk per worker batch): the new
+    # columns are one chunk, and misaligned chunks would make every later select copy the frame column by column.
     if any(n > 1 for n in entries.n_chunks("all")):
         entries = entries.rechunk()
     by_name = pl.concat([rank_group.select("pg_name", "group").unique(), inferred.rename({"_g": "group"})])
