@@ -278,10 +278,15 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
     )
     # Lazy: only the columns read below, joined, filtered and aggregated in one plan. Eager, each step copied
     # the 14.6M units at 16K x 2,000 (10 s, +3.5 GiB; lazy: 2.3 s, +0.7 GiB).
+    # (the window's bounds read per unit by group id, not joined)
+    window = window.select(pl.col("group").to_physical().alias("_g"), "_lo", "n_known")
+    by_group = lookup.by_position(window, int(window["_g"].max() or 0) + 1)
+    gid = pl.col("group").to_physical()
     inst = (
-        units.lazy().join(window.lazy(), on="group")
-        .filter(pl.col("collective_seq_id") >= pl.col("_lo"))
-        .with_columns(shape_key().alias("_shape"), size_rule_ok().alias("_self_ok"))
+        units.lazy()
+        .filter(pl.col("collective_seq_id") >= lookup.read(by_group, "_lo", gid))
+        .with_columns(shape_key().alias("_shape"), size_rule_ok().alias("_self_ok"),
+                      lookup.read(by_group, "n_known", gid).alias("n_known"))
         .group_by("group", "collective_seq_id")
         .agg(
             pl.col("op").first(),   # the most common op where members disagree: below, for those few
