@@ -61,10 +61,12 @@ def is_p2p_closer() -> pl.Expr:
 COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl")
 
 
-def _tracks_by_rank(tracks: pl.DataFrame, entries: pl.DataFrame) -> tuple[pl.DataFrame, bool]:
-    """`tracks` laid out by rank over every rank in `entries`, and whether all their ranks fall inside."""
+def tracks_completion(tracks: pl.DataFrame, entries: pl.DataFrame) -> pl.Expr:
+    """Each entry's `tracks_completion` (from `completion_by_rank`), read by rank from a table laid out over
+    every rank in `entries`: no join. Built once per matching, used by units and p2p pairing."""
     size = int(max(tracks["rank"].max() or 0, entries["rank"].max() or 0)) + 1
-    return lookup.by_position(tracks, size), lookup.covers(entries["rank"], size)
+    laid_out = lookup.by_position(tracks, size)
+    return lookup.read(laid_out, "tracks_completion", pl.col("rank"), in_range=lookup.covers(entries["rank"], size))
 
 
 def completion_by_rank(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFrame:
@@ -162,13 +164,12 @@ def _keys_unique_per_rank(units: pl.DataFrame) -> bool:
     return (distinct or 0) == units.height
 
 
-def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
+def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl.Expr) -> pl.DataFrame:
     """One row per (group, seq, rank) for collectives, in (rank, record) order; p2p and batch closers are left
     out. `entries` must be in (rank, record) order, as `load` leaves them."""
     # Lazy, so only the columns used below are materialized from the (widest, longest) entries frame.
-    by_rank, in_range = _tracks_by_rank(tracks, entries)   # read per row: no join
     marked = entries.lazy().with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p"),
-                                         lookup.read(by_rank, "tracks_completion", pl.col("rank"), in_range=in_range))
+                                         completion.alias("tracks_completion"))
     coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
     # Entries are in (rank, record) order, and one thread records a unit's entries back to back: each run of
     # equal keys is a unit. Each entry is first read as a unit of its own (`_ONE_ENTRY`); when every run is one
@@ -402,7 +403,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) ->
 # ---------------------------------------------------------------------------------------------- p2p
 
 
-def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
+def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -> pl.DataFrame:
     """Pair sends with receives by (group, src, dst, k-th transfer).
 
     The k-th send from A to B is the k-th receive at B from A when neither buffer wrapped. When one did, the
@@ -416,7 +417,6 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) 
     batch_state = pl.when(pl.col("_closer")).then(pl.col("state")).backward_fill()
     same_batch = pl.all_horizontal(pl.when(pl.col("_closer")).then(pl.col(c)).backward_fill() == pl.col(c)
                                    for c in ("rank", "group", "p2p_seq_id"))
-    rank_info, in_range = _tracks_by_rank(tracks, entries)
     ops = (
         entries.lazy()
         .select("rank", "group", "p2p_seq_id", "record_id", "op", "peer", "state", "input_sizes", "output_sizes",
@@ -424,7 +424,7 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, tracks: pl.DataFrame) 
         .filter(pl.col("is_p2p") | pl.col("_closer"))
         .with_columns(pl.when(same_batch).then(batch_state).alias("_batch_state"))
         .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
-        .with_columns(lookup.read(rank_info, "tracks_completion", pl.col("rank"), in_range=in_range).alias("_tracks"),
+        .with_columns(completion.alias("_tracks"),
                       pl.coalesce("_batch_state", "state").alias("_st"))
         .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")).alias("pending"))
         .with_columns(
@@ -463,10 +463,11 @@ def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, du
           pg_status: pl.DataFrame) -> Matching:
     """Run every matching step over all groups at once."""
     tracks = completion_by_rank(entries, dumps)
-    units = collective_units(entries, groups, tracks)
+    completion = tracks_completion(tracks, entries)
+    units = collective_units(entries, groups, completion)
     prog = progress(units, entries, members, dumps, pg_status, tracks)
     colls = classify(units, prog)
     return Matching(
         units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog),
-        p2p=p2p_pairs(entries, dumps, tracks),
+        p2p=p2p_pairs(entries, dumps, completion),
     )
