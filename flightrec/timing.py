@@ -63,7 +63,7 @@ def clock_offsets(window: "_Window", rounds: int = 2) -> pl.Series:
     without a completed cross-host collective."""
     n_hosts = window.hosts.height
     done = (window.rows.lazy()
-            .filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & (pl.col("_h") < n_hosts))
+            .filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & pl.col("_h").is_not_null())
             .select("_c", "_h", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
     offsets = pl.Series("clock_offset_ms", [0.0] * n_hosts, dtype=pl.Float64)
     if done.height == 0:
@@ -89,25 +89,20 @@ def _per_collective(ufunc: np.ufunc, slots: np.ndarray, values: np.ndarray, size
 
 def lateness(window: "_Window", offsets: pl.Series) -> pl.DataFrame:
     """Each member's lateness (ms) against the first member of the collective, clock offsets (per dense host
-    index, from `clock_offsets`) removed. Computed in place in one new array that becomes the `late_ms` column
-    beside the window's (zero-copy) columns: at 16K ranks the fresh pages of each temporary cost more than the
-    arithmetic (docs/scale.md)."""
+    index, from `clock_offsets`) removed. Computed on the window's columns as arrays and added to them: no
+    copy of the window (memory is time, docs/scale.md)."""
     rows = window.rows
     if rows["time_created_ns"].null_count():
         rows = rows.filter(pl.col("time_created_ns").is_not_null())
-    # a row's host offset by its dense host index; the extra last index (no known host) and hosts without an
-    # offset are not shifted
-    shift_ns = np.append(offsets.fill_null(0.0).to_numpy(), 0.0) * 1e6
+    # a row's host offset by its dense host index; rows without a host (and hosts without an offset) get 0
+    shift_ms = np.append(offsets.fill_null(0.0).to_numpy(), 0.0)
+    hosts = rows["_h"].fill_null(len(shift_ms) - 1).to_numpy()
     created = rows["time_created_ns"].to_numpy()
-    t = np.take(shift_ns, rows["_h"].to_numpy())
-    np.subtract(created, t, out=t)   # float64 ns since the epoch: to 256 ns, well below a millisecond
-    t -= t.min(initial=0.0) if len(t) else 0.0
-    t /= 1e6
+    t = (created - created.min()) / 1e6 - shift_ms[hosts]   # from the earliest: exact in float64
     slots = rows["_c"].to_numpy()
     first = _per_collective(np.minimum, slots, t, window.size, np.inf)
-    t -= np.take(first, slots)
     return rows.select("group", "collective_seq_id", "rank", "host", "cross", "timeout_ms", "_h").with_columns(
-        pl.Series("late_ms", t))
+        pl.Series("late_ms", t - first[slots]))
 
 
 def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, float]:
@@ -118,7 +113,7 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
     # The window keeps the units' rank order: flagged sorted, per-rank groups are slices, not hashed (3x faster).
     by_rank = late.with_columns(pl.col("rank").set_sorted()) if late["rank"].is_sorted() else late
     per_rank = (
-        by_rank.lazy().group_by("rank").agg(
+        by_rank.group_by("rank").agg(
             pl.col("host").first(),
             pl.len().alias("n"),
             pl.col("late_ms").median().alias("median_late_ms"),
@@ -128,26 +123,24 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
                        & (pl.col("n") >= opts.min_collectives)).alias("straggler"))
         .sort("rank")
     )
-    # A whole host that is late is late against other hosts: judge it on cross-host collectives only.
+    # A whole host that is late is late against other hosts: judge it on cross-host collectives only. Its ranks
+    # are those with lateness (from the small per-rank table, not collected from the window's rows).
+    ranks = per_rank.lazy().filter(pl.col("host").is_not_null()).group_by("host").agg(pl.col("rank").sort().alias("ranks"))
     per_host = (
-        late.lazy().filter(pl.col("cross") & pl.col("host").is_not_null()).group_by("_h").agg(
+        late.lazy().filter(pl.col("cross") & pl.col("_h").is_not_null()).group_by("_h").agg(
             pl.col("host").first(),
             pl.len().alias("n"),
             pl.col("late_ms").median().alias("median_late_ms"),
             (pl.col("late_ms") > threshold / 2).mean().alias("late_fraction"),
         )
-    )
-    per_rank, per_host = per_rank.collect(), per_host.collect()
-    # a host's ranks: those with lateness (from the small per-rank table, not from the window's rows)
-    ranks = per_rank.filter(pl.col("host").is_not_null()).group_by("host").agg(pl.col("rank").sort().alias("ranks"))
-    per_host = (
-        per_host.join(ranks, on="host", how="left")
+        .join(ranks, on="host", how="left")
         .with_columns(((pl.col("median_late_ms") > threshold) & (pl.col("late_fraction") >= opts.min_late_fraction)
                        & (pl.col("n") >= opts.min_collectives) & (pl.col("ranks").list.len() > 1)).alias("straggler"))
-        .select(pl.col("host").cast(late.schema["host"]), "ranks", "median_late_ms", "straggler")
+        .select("host", "ranks", "median_late_ms", "straggler")
         .sort("host")
+        .collect()
     )
-    return per_rank, per_host, threshold
+    return per_rank, per_host.with_columns(pl.col("host").cast(late.schema["host"])), threshold
 
 
 def group_speeds(window: "_Window", groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
@@ -155,22 +148,21 @@ def group_speeds(window: "_Window", groups: pl.DataFrame, opts: TimingOptions) -
     op and shapes in peer groups. Groups without peers are not judged."""
     # the collective's own time: from the last member's arrival to the completion (waiting is not slowness),
     # over the members that recorded both times
-    never, no_row = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-    both = pl.col("time_created_ns").is_not_null() & pl.col("time_completed_ns").is_not_null()
-    timed = window.rows.select(
-        pl.when(both).then(pl.col("time_created_ns")).otherwise(never).alias("in"),
-        pl.when(both).then(pl.col("time_completed_ns")).otherwise(never).alias("end"),
-        pl.when(both).then(pl.int_range(pl.len(), dtype=pl.Int64)).otherwise(no_row).alias("row"))
-    slots = window.rows["_c"].to_numpy()
-    last_in = _per_collective(np.maximum, slots, timed["in"].to_numpy(), window.size, never)
-    end = _per_collective(np.maximum, slots, timed["end"].to_numpy(), window.size, never)
-    first_row = _per_collective(np.minimum, slots, timed["row"].to_numpy(), window.size, no_row)
-    seen = np.flatnonzero(first_row != no_row)
-    if len(seen) == 0:
+    rows = window.rows
+    timed = (rows["time_created_ns"].is_not_null() & rows["time_completed_ns"].is_not_null()).to_numpy()
+    if not timed.any():
         return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
+    slots = rows["_c"].to_numpy()[timed]
+    never = np.iinfo(np.int64).min
+    last_in = _per_collective(np.maximum, slots, rows["time_created_ns"].to_numpy()[timed].astype(np.int64),
+                              window.size, never)
+    end = _per_collective(np.maximum, slots, rows["time_completed_ns"].to_numpy()[timed].astype(np.int64),
+                          window.size, never)
+    first_row = _per_collective(np.minimum, slots, np.flatnonzero(timed), window.size, np.iinfo(np.int64).max)
+    seen = np.flatnonzero(last_in != never)
     # one row per collective: its first member's group, op and shapes (as a group_by's `first` would)
-    per_inst = (window.rows.select(pl.col("group", "op", "input_sizes").gather(pl.Series(first_row[seen])))
+    per_inst = (rows.select(pl.col("group", "op", "input_sizes").gather(pl.Series(first_row[seen])))
                 .rename({"input_sizes": "_shape"})
                 .with_columns(pl.Series("ms", (end[seen] - last_in[seen]) / 1e6)))
     per_group = (per_inst.join(groups.select("group", "pg_desc"), on="group", how="left")
@@ -232,7 +224,7 @@ class _Window:
     """What timing reads: each multi-member group's last `window` collectives below its frontier."""
 
     rows: pl.DataFrame     # one row per member per collective, in the units' (rank, record) order
-    hosts: pl.DataFrame    # (_h, host): the dense host index; rows whose host is unknown have _h = hosts.height
+    hosts: pl.DataFrame    # (_h, host): the dense host index
     size: int              # collective slots: `_c` is in 0..size-1
 
 
@@ -268,8 +260,7 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame, opts: Timing
             .filter((pl.col("collective_seq_id") > low) & (pl.col("collective_seq_id") <= low + opts.window))
             .with_columns(lookup.read(by_group, "cross", gid, in_range=True).alias("cross"),
                           lookup.read(by_rank, "host", pl.col("rank"), in_range=in_range).alias("host"),
-                          lookup.read(by_rank, "_h", pl.col("rank"), in_range=in_range).fill_null(host_ids.height)
-                          .alias("_h"),
+                          lookup.read(by_rank, "_h", pl.col("rank"), in_range=in_range).alias("_h"),
                           (lookup.read(by_group, "_i", gid, in_range=True).cast(pl.Int64) * opts.window
                            + pl.col("collective_seq_id") - low - 1).cast(pl.UInt32).alias("_c"))
             .collect())
