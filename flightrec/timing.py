@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
-import numpy as np
 import polars as pl
 
 from . import lookup
@@ -56,22 +55,20 @@ class TimingResult:
     threshold_ms: float
 
 
-def clock_offsets(window: "_Window", rounds: int = 2) -> pl.Series:
+def clock_offsets(units: pl.DataFrame, n_hosts: int, rounds: int = 2) -> pl.Series:
     """Per host (by the window's dense host index `_h`), how far its clock is ahead, from completion times (a
     collective ends at one instant on every member). Solved by a few rounds of: offset += median deviation from
     the collective's corrected median. Only differences between hosts matter: centred on zero. Null for hosts
-    without a completed cross-host collective."""
-    n_hosts = window.hosts.height
-    done = (window.rows.lazy()
-            .filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & pl.col("_h").is_not_null())
-            .select("_c", "_h", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
+    without a completed cross-host collective. `units` are the windowed units of `analyze_timing`."""
+    done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & pl.col("_h").is_not_null())
+            .select("_inst", "_h", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
     offsets = pl.Series("clock_offset_ms", [0.0] * n_hosts, dtype=pl.Float64)
     if done.height == 0:
         return offsets.clear(n_hosts)
     for i in range(rounds):
         # offsets are read per row by position (the dense host index), not joined: the window is long
         ms = pl.col("_ms") if i == 0 else pl.col("_ms") - pl.lit(offsets).gather(pl.col("_h"))
-        dev = done.with_columns(ms.alias("_m")).with_columns((pl.col("_m") - pl.col("_m").median().over("_c")).alias("_d"))
+        dev = done.with_columns(ms.alias("_c")).with_columns((pl.col("_c") - pl.col("_c").median().over("_inst")).alias("_d"))
         step = dev.group_by("_h").agg(pl.col("_d").median().alias("_step"))
         offsets = offsets.scatter(step["_h"], offsets.gather(step["_h"]) + step["_step"])
     known = done["_h"].unique()
@@ -79,30 +76,15 @@ def clock_offsets(window: "_Window", rounds: int = 2) -> pl.Series:
     return pl.Series("clock_offset_ms", [None] * n_hosts, dtype=pl.Float64).scatter(known, offsets.gather(known) - centre)
 
 
-def _per_collective(ufunc: np.ufunc, slots: np.ndarray, values: np.ndarray, size: int, empty) -> np.ndarray:
-    """`ufunc` (np.minimum, np.maximum) of `values` over each collective slot: unbuffered in-place reduction,
-    10x faster than hashing the slots in a group_by, and no hashing at all since the slots are dense."""
-    out = np.full(size, empty, dtype=values.dtype)
-    ufunc.at(out, slots, values)
-    return out
-
-
-def lateness(window: "_Window", offsets: pl.Series) -> pl.DataFrame:
+def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
     """Each member's lateness (ms) against the first member of the collective, clock offsets (per dense host
-    index, from `clock_offsets`) removed. Computed on the window's columns as arrays and added to them: no
-    copy of the window (memory is time, docs/scale.md)."""
-    rows = window.rows
-    if rows["time_created_ns"].null_count():
-        rows = rows.filter(pl.col("time_created_ns").is_not_null())
-    # a row's host offset by its dense host index; rows without a host (and hosts without an offset) get 0
-    shift_ms = np.append(offsets.fill_null(0.0).to_numpy(), 0.0)
-    hosts = rows["_h"].fill_null(len(shift_ms) - 1).to_numpy()
-    created = rows["time_created_ns"].to_numpy()
-    t = (created - created.min()) / 1e6 - shift_ms[hosts]   # from the earliest: exact in float64
-    slots = rows["_c"].to_numpy()
-    first = _per_collective(np.minimum, slots, t, window.size, np.inf)
-    return rows.select("group", "collective_seq_id", "rank", "host", "cross", "timeout_ms", "_h").with_columns(
-        pl.Series("late_ms", t - first[slots]))
+    index, from `clock_offsets`) removed."""
+    shift = pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6
+    return (units.lazy().filter(pl.col("time_created_ns").is_not_null())
+            .with_columns((pl.col("time_created_ns") - shift).alias("_t"))
+            .select("group", "collective_seq_id", "rank", "host", "cross", "timeout_ms",
+                    ((pl.col("_t") - pl.col("_t").min().over("_inst")) / 1e6).alias("late_ms"))
+            .collect())
 
 
 def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, float]:
@@ -123,48 +105,36 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
                        & (pl.col("n") >= opts.min_collectives)).alias("straggler"))
         .sort("rank")
     )
-    # A whole host that is late is late against other hosts: judge it on cross-host collectives only. Its ranks
-    # are those with lateness (from the small per-rank table, not collected from the window's rows).
-    ranks = per_rank.lazy().filter(pl.col("host").is_not_null()).group_by("host").agg(pl.col("rank").sort().alias("ranks"))
+    # A whole host that is late is late against other hosts: judge it on cross-host collectives only.
     per_host = (
-        late.lazy().filter(pl.col("cross") & pl.col("_h").is_not_null()).group_by("_h").agg(
-            pl.col("host").first(),
+        late.lazy().filter(pl.col("cross") & pl.col("host").is_not_null()).group_by("host").agg(
+            pl.col("rank").unique().sort().alias("ranks"),
             pl.len().alias("n"),
             pl.col("late_ms").median().alias("median_late_ms"),
             (pl.col("late_ms") > threshold / 2).mean().alias("late_fraction"),
         )
-        .join(ranks, on="host", how="left")
         .with_columns(((pl.col("median_late_ms") > threshold) & (pl.col("late_fraction") >= opts.min_late_fraction)
                        & (pl.col("n") >= opts.min_collectives) & (pl.col("ranks").list.len() > 1)).alias("straggler"))
         .select("host", "ranks", "median_late_ms", "straggler")
         .sort("host")
         .collect()
     )
-    return per_rank, per_host.with_columns(pl.col("host").cast(late.schema["host"])), threshold
+    return per_rank, per_host, threshold
 
 
-def group_speeds(window: "_Window", groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
+def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Per group and op: median time, the peers' baseline, and `slow` when `slow_factor` x longer than the same
     op and shapes in peer groups. Groups without peers are not judged."""
-    # the collective's own time: from the last member's arrival to the completion (waiting is not slowness),
-    # over the members that recorded both times
-    rows = window.rows
-    timed = (rows["time_created_ns"].is_not_null() & rows["time_completed_ns"].is_not_null()).to_numpy()
-    if not timed.any():
+    # the collective's own time: from the last member's arrival to the completion (waiting is not slowness)
+    per_inst = (units.lazy()
+                .filter(pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
+                .group_by("_inst")
+                .agg(pl.col("group").first(), pl.col("op").first(), pl.col("input_sizes").first().alias("_shape"),
+                     ((pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6).alias("ms"))
+                .collect())
+    if per_inst.height == 0:
         return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
-    slots = rows["_c"].to_numpy()[timed]
-    never = np.iinfo(np.int64).min
-    last_in = _per_collective(np.maximum, slots, rows["time_created_ns"].to_numpy()[timed].astype(np.int64),
-                              window.size, never)
-    end = _per_collective(np.maximum, slots, rows["time_completed_ns"].to_numpy()[timed].astype(np.int64),
-                          window.size, never)
-    first_row = _per_collective(np.minimum, slots, np.flatnonzero(timed), window.size, np.iinfo(np.int64).max)
-    seen = np.flatnonzero(last_in != never)
-    # one row per collective: its first member's group, op and shapes (as a group_by's `first` would)
-    per_inst = (rows.select(pl.col("group", "op", "input_sizes").gather(pl.Series(first_row[seen])))
-                .rename({"input_sizes": "_shape"})
-                .with_columns(pl.Series("ms", (end[seen] - last_in[seen]) / 1e6)))
     per_group = (per_inst.join(groups.select("group", "pg_desc"), on="group", how="left")
                  .group_by("group", "pg_desc", "op", "_shape").agg(pl.col("ms").median().alias("median_ms")))
     per_group = per_group.with_columns(
@@ -219,26 +189,18 @@ def late_joiners(late: pl.DataFrame, stuck: pl.DataFrame, opts: TimingOptions) -
     ).drop("_n")
 
 
-@dataclass(frozen=True)
-class _Window:
-    """What timing reads: each multi-member group's last `window` collectives below its frontier."""
-
-    rows: pl.DataFrame     # one row per member per collective, in the units' (rank, record) order
-    hosts: pl.DataFrame    # (_h, host): the dense host index
-    size: int              # collective slots: `_c` is in 0..size-1
-
-
-def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame, opts: TimingOptions) -> _Window:
-    """Each group's last `window` collectives below its frontier (the furthest any member got: from the small
-    progress table, not from the units). Each row also gets its host, the dense host index `_h`, `cross` (its
-    group spans hosts) and `_c`, a dense collective index: the i-th windowed group's collectives take slots
-    i*window..(i+1)*window-1 by sequence id, so per-collective values are arrays indexed by slot, reduced
-    without hashing. Per-group and per-rank values are read by position (group id, rank) from small dense
-    tables, not joined: a join over the 1.5M units at 16K ranks costs 2.5x as much."""
+def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
+            opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """What timing reads, of each multi-member group's last `window` collectives below its frontier (the
+    furthest any member got: from the small progress table, not from the units), in the units' (rank, record)
+    order. Each row also gets its host, the dense host index `_h`, `cross` (its group spans hosts) and `_inst`
+    (one u64 per collective: every window below is over it, and one u64 hashes fastest). Per-group and
+    per-rank values are read by position (group id, rank) from small dense tables, not joined: a join over
+    the 1.5M units at 16K ranks costs 2.5x as much. Also returns the dense host index: (_h, host)."""
     units = m.units
     host_ids = hosts.select("host").unique(maintain_order=True).with_row_index("_h")
-    rank_positions = max(int(hosts["rank"].max() or 0), int(units["rank"].max() or 0)) + 1
-    by_rank = lookup.by_position(hosts.join(host_ids, on="host").select("rank", "host", "_h"), rank_positions)
+    by_rank = lookup.by_position(hosts.join(host_ids, on="host").select("rank", "host", "_h"),
+                                 int(hosts["rank"].max() or 0) + 1)
     # a group spans hosts when its members' host indexes differ (from the member lists, which are small)
     spanning = (groups.select("group", pl.col("ranks").alias("rank")).explode("rank").drop_nulls()
                 .with_columns(lookup.read(by_rank, "_h", pl.col("rank")).alias("_h"))
@@ -246,38 +208,30 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame, opts: Timing
     top = (m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
            .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
            .join(spanning, on="group", how="left")
-           .select(pl.col("group").to_physical().alias("_g"), "_top", pl.col("cross").fill_null(False))
-           .with_row_index("_i"))
+           .select(pl.col("group").to_physical().alias("_g"), "_top", pl.col("cross").fill_null(False)))
     gid = pl.col("group").to_physical()
-    group_positions = max(int(top["_g"].max() or 0), int(units["group"].to_physical().max() or 0)) + 1
-    by_group = lookup.by_position(top.select("_g", "_i", "_top", "cross"), group_positions)
-    # both tables were sized from the data: every rank and group id is a position in them
-    in_range = lookup.covers(units["rank"], rank_positions)
-    low = lookup.read(by_group, "_top", gid, in_range=True) - opts.window   # below the window
-    rows = (units.lazy()
+    by_group = lookup.by_position(top, int(top["_g"].max() or 0) + 1)
+    return (units.lazy()
             .select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
                     "time_completed_ns", "timeout_ms")
-            .filter((pl.col("collective_seq_id") > low) & (pl.col("collective_seq_id") <= low + opts.window))
-            .with_columns(lookup.read(by_group, "cross", gid, in_range=True).alias("cross"),
-                          lookup.read(by_rank, "host", pl.col("rank"), in_range=in_range).alias("host"),
-                          lookup.read(by_rank, "_h", pl.col("rank"), in_range=in_range).alias("_h"),
-                          (lookup.read(by_group, "_i", gid, in_range=True).cast(pl.Int64) * opts.window
-                           + pl.col("collective_seq_id") - low - 1).cast(pl.UInt32).alias("_c"))
-            .collect())
-    return _Window(rows=rows, hosts=host_ids, size=top.height * opts.window)
+            .filter(pl.col("collective_seq_id") > lookup.read(by_group, "_top", gid) - opts.window)
+            .with_columns(lookup.read(by_group, "cross", gid).alias("cross"),
+                          lookup.read(by_rank, "host", pl.col("rank")).alias("host"),
+                          lookup.read(by_rank, "_h", pl.col("rank")).alias("_h"),
+                          (gid.cast(pl.UInt64) * (1 << 32) + pl.col("collective_seq_id").cast(pl.UInt64)).alias("_inst"))
+            .collect()), host_ids
 
 
 def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology,
                    opts: TimingOptions | None = None) -> TimingResult:
     """Lateness, stragglers, clock offsets and slow groups from the matched collectives `m`."""
     opts = opts or TimingOptions()
-    window = _window(m, groups, topo.frame(), opts)
-    by_host = clock_offsets(window)
-    offsets = (window.hosts.with_columns(by_host.gather(window.hosts["_h"]).alias("clock_offset_ms"))
+    units, host_ids = _window(m, groups, topo.frame(), opts)
+    by_host = clock_offsets(units, host_ids.height)
+    offsets = (host_ids.with_columns(by_host.gather(host_ids["_h"]).alias("clock_offset_ms"))
                .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
-    late = lateness(window, by_host)
+    late = lateness(units, by_host)
     per_rank, per_host, threshold = stragglers(late, opts)
-    late = late.drop("_h")
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
     if per_rank["straggler"].any():
@@ -287,8 +241,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology,
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(
         "rank").agg(pl.col("group").unique().sort().alias("groups"))
     per_rank = per_rank.join(where, on="rank", how="left").with_columns(pl.col("groups").fill_null([]))
-    speeds = group_speeds(window, groups, opts)
-    slow_hosts, slow_links = _localize(speeds, window.rows, topo)
+    speeds = group_speeds(units, groups, opts)
+    slow_hosts, slow_links = _localize(speeds, units, topo)
     return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
                         slow_groups=speeds.filter(pl.col("slow")).drop("slow"), slow_hosts=slow_hosts,
                         slow_links=slow_links, threshold_ms=threshold)
