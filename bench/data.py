@@ -27,7 +27,7 @@ def job_for(ranks: int, entries: int) -> synth.Job:
 
 def dataset(ranks: int, entries: int, log=print) -> tuple[Path, dict]:
     """The dump directory for this size (generated if absent) and its ground truth."""
-    out = DATA / f"r{ranks}_e{entries}"
+    out = DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}"
     done = synth.truth_path(out)
     if done.exists():
         return out, json.loads(done.read_text())

@@ -39,12 +39,12 @@ print(json.dumps({{"s": time.perf_counter() - t, "entries": raw["entries"].heigh
 
 def shard_dataset(ranks: int, entries: int, ranks_per_slice: int, log=print) -> tuple[dict, dict]:
     """Shards of the job (built once, cached under bench/.data/) with their conversion costs, and the truth."""
-    out = DATA / f"r{ranks}_e{entries}_shards"
+    out = DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}_shards"
     stats_path = out / "convert-stats.json"
     if stats_path.exists():
         return json.loads(stats_path.read_text()), json.loads(synth.truth_path(out).read_text())
     shutil.rmtree(out, ignore_errors=True)
-    pickles = DATA / f"r{ranks}_e{entries}_slices"
+    pickles = DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}_slices"
     shutil.rmtree(pickles, ignore_errors=True)
     t0 = time.perf_counter()
     slices = []
@@ -73,7 +73,7 @@ def main(argv=None) -> None:
     [(ranks, entries)] = parse_sizes(args.size)
     stats, truth = shard_dataset(ranks, entries, args.slice)
     slices = stats["slices"]
-    r = median_of(ANALYZE.format(d=str(DATA / f"r{ranks}_e{entries}_shards"), cache=False, cache_dir=None), args.repeat)
+    r = median_of(ANALYZE.format(d=str(DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}_shards"), cache=False, cache_dir=None), args.repeat)
     convert_s = sum(s["s"] for s in slices)
     print("| ranks x entries | entries | pickles (GiB, never on disk at once) | convert (sum of slices) | "
           "convert peak RSS (largest slice) | analyze from shards | analyze peak RSS | per rank (convert + analyze) "
