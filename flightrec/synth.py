@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Bump when the bytes generated for a job change: the benchmarks cache generated jobs under this version.
-DUMP_LAYOUT = 2
+DUMP_LAYOUT = 3
 
 FAULT_KINDS = (
     "none", "not_joined", "missing_dump", "host_down", "size_mismatch", "type_mismatch", "dtype_mismatch",
@@ -191,17 +191,43 @@ def _fault_index(job: Job, ops: list[_Op]) -> int:
     raise ValueError(f"fault phase {job.fault.phase!r} has no op at step {step} on rank {job.fault.rank}")
 
 
+# Call stacks, outermost frame first, as deep as a Megatron-style job's (~20 Python frames): the training
+# loop, the schedule, the module calls down to the layer, then c10d's logging wrapper and the collective.
+_LOOP = [("<module>", "pretrain_gpt.py", 412), ("pretrain", "training/training.py", 301),
+         ("train", "training/training.py", 1190), ("train_step", "training/training.py", 640)]
+_MODULE = [("_wrapped_call_impl", "torch/nn/modules/module.py", 1751), ("_call_impl", "torch/nn/modules/module.py", 1762)]
+_FORWARD = (_LOOP + [("forward_backward_pipelining_without_interleaving", "pipeline/schedules.py", 1402),
+                     ("forward_step", "pipeline/schedules.py", 275)] + _MODULE
+            + [("forward", "model/gpt_model.py", 264)] + _MODULE + [("forward", "model/transformer_block.py", 549)]
+            + _MODULE + [("forward", "model/transformer_layer.py", 390)] + _MODULE)
+_BACKWARD = (_LOOP + [("forward_backward_pipelining_without_interleaving", "pipeline/schedules.py", 1402),
+                      ("backward_step", "pipeline/schedules.py", 372), ("backward", "torch/autograd/__init__.py", 353),
+                      ("_engine_run_backward", "torch/autograd/graph.py", 824),
+                      ("apply", "torch/autograd/function.py", 307)])
+_SCHEDULE = _LOOP + [("forward_backward_pipelining_without_interleaving", "pipeline/schedules.py", 1402)]
+_C10D = [("wrapper", "torch/distributed/c10d_logger.py", 81)]
 _STACKS = {
-    "attention_forward": [("forward", "model/attention.py", 88), ("_all_gather", "model/parallel.py", 40)],
-    "mlp_forward": [("forward", "model/mlp.py", 51), ("_reduce_scatter", "model/parallel.py", 61)],
-    "mlp_backward": [("backward", "model/mlp.py", 77), ("_all_gather", "model/parallel.py", 40)],
-    "attention_backward": [("backward", "model/attention.py", 120), ("_reduce_scatter", "model/parallel.py", 61)],
-    "recv_forward": [("recv_forward", "pipeline/schedule.py", 210), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
-    "send_forward": [("send_forward", "pipeline/schedule.py", 230), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
-    "recv_backward": [("recv_backward", "pipeline/schedule.py", 250), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
-    "send_backward": [("send_backward", "pipeline/schedule.py", 270), ("batch_isend_irecv", "distributed_c10d.py", 2781)],
-    "grad_all_reduce": [("step", "optim/optimizer.py", 33), ("all_reduce_grads", "model/ddp.py", 140)],
-    "loss_all_reduce": [("train_step", "train.py", 312), ("all_reduce", "distributed_c10d.py", 2950)],
+    "attention_forward": _FORWARD + [("forward", "model/attention.py", 88), ("_all_gather", "model/parallel.py", 40)]
+    + _C10D + [("all_gather_into_tensor", "torch/distributed/distributed_c10d.py", 3846)],
+    "mlp_forward": _FORWARD + [("forward", "model/mlp.py", 51), ("_reduce_scatter", "model/parallel.py", 61)]
+    + _C10D + [("reduce_scatter_tensor", "torch/distributed/distributed_c10d.py", 4301)],
+    "mlp_backward": _BACKWARD + [("backward", "model/mlp.py", 77), ("_all_gather", "model/parallel.py", 40)]
+    + _C10D + [("all_gather_into_tensor", "torch/distributed/distributed_c10d.py", 3846)],
+    "attention_backward": _BACKWARD + [("backward", "model/attention.py", 120),
+                                       ("_reduce_scatter", "model/parallel.py", 61)]
+    + _C10D + [("reduce_scatter_tensor", "torch/distributed/distributed_c10d.py", 4301)],
+    "recv_forward": _SCHEDULE + [("recv_forward", "pipeline/schedule.py", 210), ("_communicate", "pipeline/p2p.py", 305)]
+    + _C10D + [("batch_isend_irecv", "torch/distributed/distributed_c10d.py", 2781)],
+    "send_forward": _SCHEDULE + [("send_forward", "pipeline/schedule.py", 230), ("_communicate", "pipeline/p2p.py", 305)]
+    + _C10D + [("batch_isend_irecv", "torch/distributed/distributed_c10d.py", 2781)],
+    "recv_backward": _SCHEDULE + [("recv_backward", "pipeline/schedule.py", 250), ("_communicate", "pipeline/p2p.py", 305)]
+    + _C10D + [("batch_isend_irecv", "torch/distributed/distributed_c10d.py", 2781)],
+    "send_backward": _SCHEDULE + [("send_backward", "pipeline/schedule.py", 270), ("_communicate", "pipeline/p2p.py", 305)]
+    + _C10D + [("batch_isend_irecv", "torch/distributed/distributed_c10d.py", 2781)],
+    "grad_all_reduce": _LOOP + [("step", "optim/optimizer.py", 33), ("all_reduce_grads", "model/ddp.py", 140)]
+    + _C10D + [("all_reduce", "torch/distributed/distributed_c10d.py", 2950)],
+    "loss_all_reduce": _LOOP + [("train_step", "train.py", 312)] + _C10D
+    + [("all_reduce", "torch/distributed/distributed_c10d.py", 2950)],
 }
 
 
