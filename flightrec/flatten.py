@@ -277,19 +277,15 @@ def _stack_hash(frames: list) -> int:
 
 
 def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int, list]]:
-    """Stack id per entry, and the distinct stacks. The writer shares frame objects between entries, so
-    object identity finds repeats cheaply; the content hash makes ids agree across files."""
+    """Stack id per entry, and the distinct stacks. The writer shares frame dicts between entries (each entry
+    has its own list of them, fixtures/writer_sharing), so the frames' identities find repeats cheaply (all
+    stay alive meanwhile); the content hash makes ids agree across files."""
     by_identity: dict[tuple, int] = {}
-    by_list: dict[int, int] = {}  # the writer often shares the whole list too (all ids stay alive meanwhile)
     stacks: dict[int, list] = {}
     ids: list[int | None] = []
     for frames in frames_per_entry:
         if not frames or not isinstance(frames, list):
             ids.append(None)
-            continue
-        sid = by_list.get(id(frames))
-        if sid is not None:
-            ids.append(sid)
             continue
         key = tuple(map(id, frames))
         sid = by_identity.get(key)
@@ -301,7 +297,6 @@ def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int
                     {"name": _as_str(f.get("name")), "filename": _as_str(f.get("filename")), "line": _as_int(f.get("line"))}
                     for f in frames if isinstance(f, dict)
                 ]
-        by_list[id(frames)] = sid
         ids.append(sid)
     return ids, stacks
 

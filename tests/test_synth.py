@@ -32,12 +32,17 @@ def test_template_prefix_equals_full_simulation(tmp_path, monkeypatch, fault):
 
 
 def _sharing(dump: dict) -> dict[str, bool]:
-    """Which of an entry's objects the pickle shares between entries (True) or gives each entry (False)."""
-    entries = [e for e in dump["entries"] if e.get("frames")]
+    """Per field: does the pickle share objects between entries (True) or give each entry its own (False)?
+    Strings: is every distinct value one object (True)?"""
+    entries = [e for e in dump["entries"] if e.get("frames") and e.get("input_sizes")]
     out = {key: len({id(e[key]) for e in entries}) < len(entries)
-           for key in ("process_group", "input_sizes", "input_dtypes", "frames", "profiling_name")}
+           for key in ("process_group", "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "frames")}
+    out["input_sizes[0]"] = len({id(e["input_sizes"][0]) for e in entries}) < len(entries)
+    for key in ("profiling_name", "state"):
+        out[key] = len({id(e[key]) for e in entries}) == len({e[key] for e in entries})
     frames = [f for e in entries for f in e["frames"]]
-    out["frame dicts"] = len({id(f) for f in frames}) < len(frames)
+    out["frames[*]"] = len({id(f) for f in frames}) < len(frames)
+    out["frames[*].filename"] = len({id(f["filename"]) for f in frames}) == len({f["filename"] for f in frames})
     return out
 
 
@@ -46,8 +51,10 @@ def test_objects_are_shared_like_the_writer(tmp_path):
     (fixtures/writer_sharing, recorded with torch 2.13): the generated dumps must do the same, or they load
     faster than real ones and the benchmarks flatter the reader."""
     real = pickle.loads((FIXTURES / "writer_sharing" / "nccl_trace_rank_0").read_bytes())
-    assert _sharing(real) == {"process_group": False, "input_sizes": False, "input_dtypes": False,
-                              "frames": False, "profiling_name": True, "frame dicts": True}
+    assert _sharing(real) == {"process_group": False, "input_sizes": False, "output_sizes": False,
+                              "input_dtypes": False, "output_dtypes": False, "frames": False,
+                              "input_sizes[0]": False, "profiling_name": True, "state": True,
+                              "frames[*]": True, "frames[*].filename": True}
     dump = _dumps(tmp_path, synth.Job(tp=2, pp=2, dp=1, steps=6), "j")[0]
     assert _sharing(dump) == _sharing(real)
 
