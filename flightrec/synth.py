@@ -193,8 +193,6 @@ def _fault_index(job: Job, ops: list[_Op]) -> int:
     raise ValueError(f"fault phase {job.fault.phase!r} has no op at step {step} on rank {job.fault.rank}")
 
 
-
-
 class _Sim:
     """Discrete-event run of every rank's schedule under the fault."""
 
@@ -506,7 +504,7 @@ def _writer_layout(entry: dict) -> dict:
 
 def build_dump(job: Job, rank: int, entries: list[dict], by_rank: dict[int, dict[str, _Group]]) -> dict:
     minor = _version_minor(job.version)
-    kept = [_writer_layout(e) for e in entries[-job.buffer_size:]] if job.buffer_size else []
+    kept = entries[-job.buffer_size:] if job.buffer_size else []
     groups = list(by_rank[rank].values())
     status = {}
     for i, g in enumerate(groups):
@@ -598,7 +596,10 @@ class _Writer:
             dump = build_dump(job, rank, entries, sim.by_rank)
             folder = out / job.host_of(rank) if self.per_host_folders else out
             folder.mkdir(parents=True, exist_ok=True)
-            data = to_json_dump(dump).encode() if self.fmt == "json" else pickle.dumps(dump, protocol=2)
+            if self.fmt == "json":
+                data = to_json_dump(dump).encode()
+            else:   # only the pickle has a layout to match (JSON copies every value)
+                data = pickle.dumps(dump | {"entries": [_writer_layout(e) for e in dump["entries"]]}, protocol=2)
             if self.compress:
                 data = gzip.compress(data, compresslevel=1)
             (folder / f"{self.prefix}{rank}").write_bytes(data)
