@@ -25,9 +25,14 @@ def job_for(ranks: int, entries: int) -> synth.Job:
                      fault=synth.Fault(kind="not_joined", rank=ranks // 2 + 5, phase="tp"))
 
 
+def job_dir(ranks: int, entries: int, suffix: str = "") -> Path:
+    """Where this size's job is cached: by the generator's layout version, so old bytes are never reused."""
+    return DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}{suffix}"
+
+
 def dataset(ranks: int, entries: int, log=print) -> tuple[Path, dict]:
     """The dump directory for this size (generated if absent) and its ground truth."""
-    out = DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}"
+    out = job_dir(ranks, entries)
     done = synth.truth_path(out)
     if done.exists():
         return out, json.loads(done.read_text())

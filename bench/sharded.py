@@ -18,11 +18,10 @@ import argparse
 import json
 import shutil
 import time
-from pathlib import Path
 
 from flightrec import synth
 
-from .data import DATA, job_for
+from .data import job_dir, job_for
 from .ingest import parse_sizes
 from .measure import ANALYZE, gib, median_of, run
 
@@ -38,19 +37,14 @@ print(json.dumps({{"s": time.perf_counter() - t, "entries": raw["entries"].heigh
 """
 
 
-def shards_of(ranks: int, entries: int) -> Path:
-    """Where the job's shards are cached (by the generator's layout version)."""
-    return DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}_shards"
-
-
 def shard_dataset(ranks: int, entries: int, ranks_per_slice: int, log=print) -> tuple[dict, dict]:
     """Shards of the job (built once, cached under bench/.data/) with their conversion costs, and the truth."""
-    out = shards_of(ranks, entries)
+    out = job_dir(ranks, entries, "_shards")
     stats_path = out / "convert-stats.json"
     if stats_path.exists():
         return json.loads(stats_path.read_text()), json.loads(synth.truth_path(out).read_text())
     shutil.rmtree(out, ignore_errors=True)
-    pickles = DATA / f"r{ranks}_e{entries}_v{synth.DUMP_LAYOUT}_slices"
+    pickles = job_dir(ranks, entries, "_slices")
     shutil.rmtree(pickles, ignore_errors=True)
     t0 = time.perf_counter()
     slices = []
@@ -79,7 +73,7 @@ def main(argv=None) -> None:
     [(ranks, entries)] = parse_sizes(args.size)
     stats, truth = shard_dataset(ranks, entries, args.slice)
     slices = stats["slices"]
-    r = median_of(ANALYZE.format(d=str(shards_of(ranks, entries)), cache=False, cache_dir=None), args.repeat)
+    r = median_of(ANALYZE.format(d=str(job_dir(ranks, entries, "_shards")), cache=False, cache_dir=None), args.repeat)
     convert_s = sum(s["s"] for s in slices)
     print("| ranks x entries | entries | pickles (GiB, never on disk at once) | convert (sum of slices) | "
           "convert peak RSS (largest slice) | analyze from shards | analyze peak RSS | per rank (convert + analyze) "
