@@ -120,7 +120,8 @@ def _column(name: str, values: list, typ: pa.DataType, coerce: Callable[[Any], A
 
 
 _STATES = list(STATES)
-_I64, _F64, _STR, _BOOL = pa.int64(), pa.float64(), pa.string(), pa.bool_()
+_I64, _I32, _F64, _STR, _BOOL = pa.int64(), pa.int32(), pa.float64(), pa.string(), pa.bool_()
+_I32_MAX = 2**31 - 1
 _SIZES, _STRS = pa.list_(pa.list_(_I64)), pa.list_(_STR)
 
 # Every entry key we read, across recorder versions, with its Arrow type. Missing keys come out null.
@@ -174,6 +175,13 @@ def _shape_text_column(sizes: pa.ChunkedArray) -> pa.Array:
     return pc.binary_join_element_wise("[", pc.binary_join(outer_lists, ", "), "]", "")
 
 
+def _saturated_int32(arr: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Int64 -> int32, out-of-range values clamped (a timeout past 24 days reads as 24 days). Narrow columns
+    that are never keys keep the entries frame small: 4 bytes a row is 120 MB at 31M entries."""
+    clamped = pc.max_element_wise(pc.min_element_wise(arr, _I32_MAX), -_I32_MAX - 1)
+    return pc.cast(clamped, _I32)
+
+
 def _zero_to_null(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     """The JSON writer puts 0 where the pickle has None."""
     return pc.if_else(pc.equal(arr, 0), pa.scalar(None, arr.type), arr)
@@ -187,7 +195,8 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     names = raw["profiling_name"].combine_chunks().dictionary_encode()
     infos = [normalize_op(n) for n in names.dictionary.to_pylist()]
     op = pc.take(pa.array([i[0] for i in infos], type=_STR), names.indices) if infos else pa.nulls(len(names), _STR)
-    peer = pc.take(pa.array([i[1] for i in infos], type=_I64), names.indices) if infos else pa.nulls(len(names), _I64)
+    peers = [i[1] if i[1] is not None and 0 <= i[1] < _I32_MAX else None for i in infos]
+    peer = pc.take(pa.array(peers, type=_I32), names.indices) if infos else pa.nulls(len(names), _I32)
     op = pc.fill_null(op, "unknown")
     pg = raw["process_group"]
     # before recorder 2.1 entries name no group, only the local pg id, which is then the pg_config key
@@ -211,11 +220,11 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         "peer_local": peer,
         "state": state,
         "retired": raw["retired"],
-        "timeout_ms": raw["timeout_ms"],
+        "timeout_ms": _saturated_int32(raw["timeout_ms"]),
         "time_created_ns": _zero_to_null(created),
         "time_started_ns": _zero_to_null(raw["time_discovered_started_ns"]),
         "time_completed_ns": _zero_to_null(raw["time_discovered_completed_ns"]),
-        "duration_ms": raw["duration_ms"],
+        "duration_ms": pc.cast(raw["duration_ms"], pa.float32()),
         "input_sizes": in_text,
         "output_sizes": out_text,
         "input_dtypes": pc.binary_join(raw["input_dtypes"], ","),

@@ -39,7 +39,7 @@ def test_round_trip_values(make_job):
         assert row["state"] == e["state"]
         assert row["time_started_ns"] == e["time_discovered_started_ns"]
         assert row["time_completed_ns"] == e["time_discovered_completed_ns"]
-        assert row["duration_ms"] == e.get("duration_ms")
+        assert row["duration_ms"] == (None if e.get("duration_ms") is None else pytest.approx(e["duration_ms"], rel=1e-6))
         assert row["input_sizes"] == repr(e["input_sizes"])
         assert row["input_numel"] == sum(math.prod(s) for s in e["input_sizes"])
     # stage 1 of the pipeline receives from stage 0: group-local '1<-0' maps to global rank 0
@@ -156,6 +156,17 @@ def test_torch_2_2_bare_list_dumps(tmp_path):
     assert e["collective_seq_id"].to_list() == [1, 2]
     assert e["time_created_ns"].to_list() == [1_700_000_000_000_001_000, 1_700_000_000_000_002_000]
     assert e["group"].to_list() == ["0", "0"]
+
+
+def test_narrow_columns_clamp_out_of_range_values(tmp_path):
+    """timeout_ms and peer_local are stored as int32: a value past it is clamped or nulled, never an error."""
+    entries = [_old_entry(0, 1, timeout_ms=10**13, duration_ms=1.25),
+               _old_entry(0, 2, timeout_ms=600_000, profiling_name="nccl:send 0->99999999999", input_sizes=[[8]])]
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"version": "2.4", "entries": entries}, protocol=2))
+    e = load(tmp_path, LoadOptions(use_cache=False)).entries.sort("collective_seq_id")
+    assert e["timeout_ms"].to_list() == [2**31 - 1, 600_000]
+    assert e["peer_local"].to_list() == [None, None]
+    assert e["duration_ms"].to_list()[0] == 1.25
 
 
 def test_recorder_1_4_pg_config_lists(tmp_path):
