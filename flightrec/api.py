@@ -82,7 +82,7 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     w = build_waits(m, trace.entries)
     loc = locate(m, topo, exclude=set(w.waiting))
     stage("reading timestamps")
-    timing = analyze_timing(m, trace.groups, topo, options.timing)
+    timing = analyze_timing(m, trace.groups, topo, options.timing, entries=trace.entries)
     verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing, options.timing)
     timing_findings = timing_to_findings(timing, trace.groups, topo)
     findings = findings + timing_findings

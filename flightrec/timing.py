@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from itertools import combinations
 
+import networkx as nx
 import polars as pl
 
 from . import lookup
@@ -122,6 +123,47 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
     return per_rank, per_host, threshold
 
 
+def _drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: float,
+                      opts: TimingOptions) -> pl.DataFrame:
+    """A straggler is late in every group it is in; a rank that only waits on one is not. Waiting spreads the
+    delay: the straggler's tensor-parallel peers wait for it, then reach their data-parallel collectives late;
+    pipeline neighbours receive late, and so on (a 150 ms straggler made eleven other ranks 20-840 ms late in a
+    4 x 4 x 8 job). But in the group it shares with the straggler, a waiting rank arrives on time: its peers
+    were delayed as much. So a flagged rank stays a straggler only if its median lateness is over half the
+    threshold in each of its groups where it has `min_collectives` collectives."""
+    flagged = per_rank.filter(pl.col("straggler")).select("rank")
+    if flagged.height == 0:
+        return per_rank
+    by_group = (late.join(flagged, on="rank", how="semi").group_by("rank", "group")
+                .agg(pl.len().alias("_n"), pl.col("late_ms").median().alias("_med"))
+                .filter(pl.col("_n") >= opts.min_collectives)
+                .group_by("rank").agg((pl.col("_med") > threshold / 2).all().alias("_everywhere")))
+    return (per_rank.join(by_group, on="rank", how="left")
+            .with_columns(pl.col("straggler") & pl.col("_everywhere").fill_null(True)).drop("_everywhere"))
+
+
+def _drop_host_echoes(per_host: pl.DataFrame, entries: pl.DataFrame | None, topo: Topology) -> pl.DataFrame:
+    """Of late hosts joined by point-to-point traffic (pipeline stages of one replica), only the latest is a
+    straggler: the stages before and after it wait for it (a slow stage made the other three hosts of its
+    replica 620-1,100 ms late against 1,390 ms). Late hosts with no traffic between them are each reported.
+    Who talks to whom is read from the `entries`' sends and receives, only when two or more hosts are late."""
+    flagged = per_host.filter(pl.col("straggler"))
+    if flagged.height < 2 or entries is None:
+        return per_host
+    hosts = topo.frame()
+    links = (entries.lazy().filter(pl.col("is_p2p") & pl.col("peer").is_not_null())
+             .select("rank", "peer").unique().collect())
+    edges = (links.join(hosts, on="rank").join(hosts.rename({"rank": "peer", "host": "peer_host"}), on="peer")
+             .select("host", "peer_host").unique())
+    late_hosts = set(flagged["host"].to_list())
+    graph = nx.Graph()
+    graph.add_nodes_from(late_hosts)
+    graph.add_edges_from((a, b) for a, b in edges.iter_rows() if a in late_hosts and b in late_hosts and a != b)
+    lateness = dict(flagged.select("host", "median_late_ms").iter_rows())
+    keep = {max(component, key=lambda h: (lateness[h], h)) for component in nx.connected_components(graph)}
+    return per_host.with_columns(pl.col("straggler") & pl.col("host").is_in(list(keep)))
+
+
 def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Per group and op: median time, the peers' baseline, and `slow` when `slow_factor` x longer than the same
     op and shapes in peer groups. Groups without peers are not judged."""
@@ -222,9 +264,11 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
             .collect()), host_ids
 
 
-def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology,
-                   opts: TimingOptions | None = None) -> TimingResult:
-    """Lateness, stragglers, clock offsets and slow groups from the matched collectives `m`."""
+def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: TimingOptions | None = None,
+                   entries: pl.DataFrame | None = None) -> TimingResult:
+    """Lateness, stragglers, clock offsets and slow groups from the matched collectives `m`. `entries` (the
+    trace's): their sends and receives tell a late host from the pipeline neighbours that wait on it; without
+    them, every late host is reported."""
     opts = opts or TimingOptions()
     units, host_ids = _window(m, groups, topo.frame(), opts)
     by_host = clock_offsets(units, host_ids.height)
@@ -232,10 +276,13 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology,
                .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
     late = lateness(units, by_host)
     per_rank, per_host, threshold = stragglers(late, opts)
+    per_rank = _drop_rank_echoes(per_rank, late, threshold, opts)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
     if per_rank["straggler"].any():
         per_host = per_host.with_columns(pl.lit(False).alias("straggler"))
+    else:
+        per_host = _drop_host_echoes(per_host, entries, topo)
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(

@@ -47,6 +47,30 @@ def test_slow_link(make_job):
     assert _timing_findings(report) == [("slow_link", [], [], [["node00000", "node00002"]])]
 
 
+@pytest.mark.parametrize("kind, fault, want", [
+    ("straggler", dict(rank=3), [("straggler", [3], ["node00000"], [])]),
+    ("straggler_host", dict(hosts=("node00001",)), [("straggler", [4, 5, 6, 7], ["node00001"], [])]),
+])
+def test_ranks_waiting_on_a_straggler_are_not_named(make_job, kind, fault, want):
+    """4 x 4 x 2, a host per tensor-parallel group: the straggler's tensor-parallel peers and its pipeline
+    neighbours reach their data-parallel collectives hundreds of ms late, waiting on it. Only it is named
+    (before: rank 7 as well; for the slow host, the hosts of stages 0 and 2 as well)."""
+    report = _run(make_job, kind, tp=4, pp=4, dp=2, steps=10, ranks_per_host=4, **fault)
+    assert _timing_findings(report) == want
+
+
+def test_late_hosts_without_traffic_between_them_are_each_named():
+    from flightrec.timing import _drop_host_echoes
+
+    per_host = pl.DataFrame({"host": ["a", "b", "c"], "median_late_ms": [100.0, 200.0, 50.0],
+                             "straggler": [True, True, True]})
+    topo = Topology({0: "a", 1: "b", 2: "c"})
+    sends = pl.DataFrame({"rank": [0, 1, 2], "peer": [1, 0, None], "is_p2p": [True, True, False]})
+    kept = _drop_host_echoes(per_host, sends, topo).filter(pl.col("straggler"))["host"].to_list()
+    assert kept == ["b", "c"]   # a waits on b (pipeline neighbours); c exchanges nothing with them
+    assert _drop_host_echoes(per_host, None, topo)["straggler"].all()
+
+
 def test_clock_offset_is_not_a_straggler(make_job):
     report = _run(make_job, "clock_offset", hosts=("node00001",))
     assert _timing_findings(report) == []
