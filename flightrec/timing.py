@@ -143,10 +143,11 @@ def _drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: flo
 
 
 def _drop_host_echoes(per_host: pl.DataFrame, entries: pl.DataFrame | None, topo: Topology) -> pl.DataFrame:
-    """Of late hosts joined by point-to-point traffic (pipeline stages of one replica), only the latest is a
-    straggler: the stages before and after it wait for it (a slow stage made the other three hosts of its
-    replica 620-1,100 ms late against 1,390 ms). Late hosts with no traffic between them are each reported.
-    Who talks to whom is read from the `entries`' sends and receives, only when two or more hosts are late."""
+    """Of late hosts joined by point-to-point traffic, directly or through other hosts (pipeline stages of one
+    replica), only the latest is a straggler: the stages before and after it wait for it (a slow stage made the
+    other three hosts of its replica 620-1,100 ms late against 1,390 ms). Late hosts with no traffic between
+    them are each reported. Who talks to whom is read from the `entries`' sends and receives, only when two or
+    more hosts are late."""
     flagged = per_host.filter(pl.col("straggler"))
     if flagged.height < 2 or entries is None:
         return per_host
@@ -155,12 +156,13 @@ def _drop_host_echoes(per_host: pl.DataFrame, entries: pl.DataFrame | None, topo
              .select("rank", "peer").unique().collect())
     edges = (links.join(hosts, on="rank").join(hosts.rename({"rank": "peer", "host": "peer_host"}), on="peer")
              .select("host", "peer_host").unique())
-    late_hosts = set(flagged["host"].to_list())
-    graph = nx.Graph()
-    graph.add_nodes_from(late_hosts)
-    graph.add_edges_from((a, b) for a, b in edges.iter_rows() if a in late_hosts and b in late_hosts and a != b)
+    # joined through any hosts: the first and last stages of a pipeline wait on a slow middle or end stage
     lateness = dict(flagged.select("host", "median_late_ms").iter_rows())
-    keep = {max(component, key=lambda h: (lateness[h], h)) for component in nx.connected_components(graph)}
+    graph = nx.Graph()
+    graph.add_nodes_from(lateness)
+    graph.add_edges_from((a, b) for a, b in edges.iter_rows() if a != b)
+    keep = {max(late, key=lambda h: (lateness[h], h))
+            for late in (component & lateness.keys() for component in nx.connected_components(graph)) if late}
     return per_host.with_columns(pl.col("straggler") & pl.col("host").is_in(list(keep)))
 
 

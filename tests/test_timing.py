@@ -50,6 +50,8 @@ def test_slow_link(make_job):
 @pytest.mark.parametrize("kind, fault, want", [
     ("straggler", dict(rank=3), [("straggler", [3], ["node00000"], [])]),
     ("straggler_host", dict(hosts=("node00001",)), [("straggler", [4, 5, 6, 7], ["node00001"], [])]),
+    # the last stage: the first stage, three hosts away, was named as well before
+    ("straggler_host", dict(hosts=("node00003",)), [("straggler", [12, 13, 14, 15], ["node00003"], [])]),
 ])
 def test_ranks_waiting_on_a_straggler_are_not_named(make_job, kind, fault, want):
     """4 x 4 x 2, a host per tensor-parallel group: the straggler's tensor-parallel peers and its pipeline
@@ -62,13 +64,14 @@ def test_ranks_waiting_on_a_straggler_are_not_named(make_job, kind, fault, want)
 def test_late_hosts_without_traffic_between_them_are_each_named():
     from flightrec.timing import _drop_host_echoes
 
-    per_host = pl.DataFrame({"host": ["a", "b", "c"], "median_late_ms": [100.0, 200.0, 50.0],
-                             "straggler": [True, True, True]})
-    topo = Topology({0: "a", 1: "b", 2: "c"})
-    sends = pl.DataFrame({"rank": [0, 1, 2], "peer": [1, 0, None], "is_p2p": [True, True, False]})
+    per_host = pl.DataFrame({"host": ["a", "b", "c", "d", "x"], "median_late_ms": [100.0, 200.0, 50.0, 90.0, 5.0],
+                             "straggler": [True, True, True, True, False]})
+    topo = Topology({0: "a", 1: "b", 2: "c", 3: "d", 4: "x"})
+    # a <-> b directly; b <-> x <-> d: d is joined to b through x, a host that is not late; c talks to no one
+    sends = pl.DataFrame({"rank": [0, 1, 1, 4, 2], "peer": [1, 0, 4, 3, None], "is_p2p": [True, True, True, True, False]})
     kept = _drop_host_echoes(per_host, sends, topo).filter(pl.col("straggler"))["host"].to_list()
-    assert kept == ["b", "c"]   # a waits on b (pipeline neighbours); c exchanges nothing with them
-    assert _drop_host_echoes(per_host, None, topo)["straggler"].all()
+    assert kept == ["b", "c"]
+    assert _drop_host_echoes(per_host, None, topo)["straggler"].to_list() == [True] * 4 + [False]
 
 
 def test_clock_offset_is_not_a_straggler(make_job):
