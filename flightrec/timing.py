@@ -142,28 +142,66 @@ def _drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: flo
             .with_columns(pl.col("straggler") & pl.col("_everywhere").fill_null(True)).drop("_everywhere"))
 
 
-def _drop_host_echoes(per_host: pl.DataFrame, entries: pl.DataFrame | None, topo: Topology) -> pl.DataFrame:
-    """Of late hosts joined by point-to-point traffic, directly or through other hosts (pipeline stages of one
-    replica), only the latest is a straggler: the stages before and after it wait for it (a slow stage made the
-    other three hosts of its replica 620-1,100 ms late against 1,390 ms). Late hosts with no traffic between
-    them are each reported. Who talks to whom is read from the `entries`' sends and receives, only when two or
-    more hosts are late."""
-    flagged = per_host.filter(pl.col("straggler"))
-    if flagged.height < 2 or entries is None:
-        return per_host
-    hosts = topo.frame()
-    links = (entries.lazy().filter(pl.col("is_p2p") & pl.col("peer").is_not_null())
-             .select("rank", "peer").unique().collect())
-    edges = (links.join(hosts, on="rank").join(hosts.rename({"rank": "peer", "host": "peer_host"}), on="peer")
-             .select("host", "peer_host").unique())
-    # joined through any hosts: the first and last stages of a pipeline wait on a slow middle or end stage
-    lateness = dict(flagged.select("host", "median_late_ms").iter_rows())
+def _sends_and_receives(entries: pl.DataFrame) -> pl.DataFrame:
+    """(rank, peer): who sends to or receives from whom."""
+    return (entries.lazy().filter(pl.col("is_p2p") & pl.col("peer").is_not_null())
+            .select("rank", "peer").unique().collect())
+
+
+# Pipeline neighbours that are this close to the latest can't be told from it: both are kept.
+_TIE = 0.95
+
+
+def _latest_per_pipeline(lateness: dict, edges) -> set:
+    """Of the late nodes (ranks or hosts: median lateness), the latest in each set joined by point-to-point
+    traffic, directly or through nodes that are not late (the first and last stages of a pipeline wait on a
+    slow middle or end stage), with any within `_TIE` of it (a slow host holding two stages can be as late as
+    the stage before it). Late nodes with no traffic between them are each kept."""
     graph = nx.Graph()
     graph.add_nodes_from(lateness)
-    graph.add_edges_from((a, b) for a, b in edges.iter_rows() if a != b)
-    keep = {max(late, key=lambda h: (lateness[h], h))
-            for late in (component & lateness.keys() for component in nx.connected_components(graph)) if late}
-    return per_host.with_columns(pl.col("straggler") & pl.col("host").is_in(list(keep)))
+    graph.add_edges_from((a, b) for a, b in edges if a != b)
+    keep = set()
+    for component in nx.connected_components(graph):
+        late = component & lateness.keys()
+        if late:
+            latest = max(lateness[n] for n in late)
+            keep |= {n for n in late if lateness[n] >= _TIE * latest}
+    return keep
+
+
+def _drop_pipeline_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entries: pl.DataFrame | None,
+                          topo: Topology) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A pipeline stage waits on the stage before it (forward) and after it (backward): a straggler makes its
+    whole pipeline late. Of late ranks, and of late hosts, joined by sends and receives only the latest is a
+    straggler (a slow stage made the other three hosts of its replica 620-1,100 ms late against 1,390 ms; with
+    one rank per stage, tensor parallelism can't tell a waiting rank on time beside the straggler). Who talks
+    to whom is read from the `entries`' sends and receives, only when two or more ranks or hosts are late."""
+    if entries is None or (per_rank["straggler"].sum() < 2 and per_host["straggler"].sum() < 2):
+        return per_rank, per_host
+    links = _sends_and_receives(entries)
+    if per_rank["straggler"].sum() >= 2:
+        late = dict(per_rank.filter(pl.col("straggler")).select("rank", "median_late_ms").iter_rows())
+        keep = _latest_per_pipeline(late, links.iter_rows())
+        per_rank = per_rank.with_columns(pl.col("straggler") & pl.col("rank").is_in(list(keep)))
+    if per_host["straggler"].sum() >= 2:
+        hosts = topo.frame()
+        edges = (links.join(hosts, on="rank").join(hosts.rename({"rank": "peer", "host": "peer_host"}), on="peer")
+                 .select("host", "peer_host").unique())
+        late = dict(per_host.filter(pl.col("straggler")).select("host", "median_late_ms").iter_rows())
+        keep = _latest_per_pipeline(late, edges.iter_rows())
+        per_host = per_host.with_columns(pl.col("straggler") & pl.col("host").is_in(list(keep)))
+    return per_rank, per_host
+
+
+def _hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:
+    """A host all of whose ranks (two or more) are stragglers is a straggler host: when hosts are smaller than
+    tensor-parallel groups, a slow host's ranks are each late beside on-time peers."""
+    flagged = set(per_rank.filter(pl.col("straggler"))["rank"].to_list())
+    by_host: dict[str, list[int]] = {}
+    for rank, host in topo.host_of.items():
+        by_host.setdefault(host, []).append(rank)
+    slow = [h for h, ranks in by_host.items() if len(ranks) > 1 and flagged.issuperset(ranks)]
+    return per_host.with_columns(pl.col("straggler") | pl.col("host").is_in(slow))
 
 
 def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
@@ -269,8 +307,8 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
 def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: TimingOptions | None = None,
                    entries: pl.DataFrame | None = None) -> TimingResult:
     """Lateness, stragglers, clock offsets and slow groups from the matched collectives `m`. `entries` (the
-    trace's): their sends and receives tell a late host from the pipeline neighbours that wait on it; without
-    them, every late host is reported."""
+    trace's): their sends and receives tell a late rank or host from the pipeline neighbours that wait on it;
+    without them, every late one is reported."""
     opts = opts or TimingOptions()
     units, host_ids = _window(m, groups, topo.frame(), opts)
     by_host = clock_offsets(units, host_ids.height)
@@ -279,12 +317,11 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     late = lateness(units, by_host)
     per_rank, per_host, threshold = stragglers(late, opts)
     per_rank = _drop_rank_echoes(per_rank, late, threshold, opts)
+    per_rank, per_host = _drop_pipeline_echoes(per_rank, per_host, entries, topo)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
     if per_rank["straggler"].any():
-        per_host = per_host.with_columns(pl.lit(False).alias("straggler"))
-    else:
-        per_host = _drop_host_echoes(per_host, entries, topo)
+        per_host = _hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(

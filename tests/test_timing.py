@@ -62,16 +62,17 @@ def test_ranks_waiting_on_a_straggler_are_not_named(make_job, kind, fault, want)
 
 
 def test_late_hosts_without_traffic_between_them_are_each_named():
-    from flightrec.timing import _drop_host_echoes
+    from flightrec.timing import _drop_pipeline_echoes
 
     per_host = pl.DataFrame({"host": ["a", "b", "c", "d", "x"], "median_late_ms": [100.0, 200.0, 50.0, 90.0, 5.0],
                              "straggler": [True, True, True, True, False]})
     topo = Topology({0: "a", 1: "b", 2: "c", 3: "d", 4: "x"})
     # a <-> b directly; b <-> x <-> d: d is joined to b through x, a host that is not late; c talks to no one
     sends = pl.DataFrame({"rank": [0, 1, 1, 4, 2], "peer": [1, 0, 4, 3, None], "is_p2p": [True, True, True, True, False]})
-    kept = _drop_host_echoes(per_host, sends, topo).filter(pl.col("straggler"))["host"].to_list()
+    per_rank = per_host.select(pl.lit(0).alias("rank"), "median_late_ms", pl.lit(False).alias("straggler")).head(1)
+    kept = _drop_pipeline_echoes(per_rank, per_host, sends, topo)[1].filter(pl.col("straggler"))["host"].to_list()
     assert kept == ["b", "c"]
-    assert _drop_host_echoes(per_host, None, topo)["straggler"].to_list() == [True] * 4 + [False]
+    assert _drop_pipeline_echoes(per_rank, per_host, None, topo)[1]["straggler"].to_list() == [True] * 4 + [False]
 
 
 def test_clock_offset_is_not_a_straggler(make_job):
