@@ -178,7 +178,9 @@ def _shape_text_column(sizes: pa.ChunkedArray) -> pa.Array:
 def _saturated_int32(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     """Int64 -> int32, out-of-range values clamped (a timeout past 24 days reads as 24 days). Narrow columns
     that are never keys keep the entries frame small: 4 bytes a row is 120 MB at 31M entries."""
-    clamped = pc.max_element_wise(pc.min_element_wise(arr, _I32_MAX), -_I32_MAX - 1)
+    # (skip_nulls=False: a missing timeout stays null, not the clamp's bound)
+    clamped = pc.max_element_wise(pc.min_element_wise(arr, _I32_MAX, skip_nulls=False), -_I32_MAX - 1,
+                                  skip_nulls=False)
     return pc.cast(clamped, _I32)
 
 

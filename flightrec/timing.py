@@ -130,11 +130,16 @@ def _drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: flo
     pipeline neighbours receive late, and so on (a 150 ms straggler made eleven other ranks 20-840 ms late in a
     4 x 4 x 8 job). But in the group it shares with the straggler, a waiting rank arrives on time: its peers
     were delayed as much. So a flagged rank stays a straggler only if its median lateness is over half the
-    threshold in each of its groups where it has `min_collectives` collectives."""
+    threshold in each of its groups where it has `min_collectives` collectives that another member recorded
+    too (alone in a collective, a rank whose peers left no dump is 0 ms late against itself)."""
     flagged = per_rank.filter(pl.col("straggler")).select("rank")
     if flagged.height == 0:
         return per_rank
-    by_group = (late.join(flagged, on="rank", how="semi").group_by("rank", "group")
+    key = ["group", "collective_seq_id"]
+    theirs = late.join(flagged, on="rank", how="semi")
+    shared = (late.join(theirs.select(key).unique(), on=key, how="semi").group_by(key).len()
+              .filter(pl.col("len") >= 2).select(key))
+    by_group = (theirs.join(shared, on=key, how="semi").group_by("rank", "group")
                 .agg(pl.len().alias("_n"), pl.col("late_ms").median().alias("_med"))
                 .filter(pl.col("_n") >= opts.min_collectives)
                 .group_by("rank").agg((pl.col("_med") > threshold / 2).all().alias("_everywhere")))
@@ -156,7 +161,9 @@ def _latest_per_pipeline(lateness: dict, edges) -> set:
     """Of the late nodes (ranks or hosts: median lateness), the latest in each set joined by point-to-point
     traffic, directly or through nodes that are not late (the first and last stages of a pipeline wait on a
     slow middle or end stage), with any within `_TIE` of it (a slow host holding two stages can be as late as
-    the stage before it). Late nodes with no traffic between them are each kept."""
+    the stage before it). Late nodes with no traffic path between them are each kept; a second, independent
+    straggler on a path from the first is not named (when hosts hold ranks of several pipelines, paths can
+    join the whole job: then only the latest host is named)."""
     graph = nx.Graph()
     graph.add_nodes_from(lateness)
     graph.add_edges_from((a, b) for a, b in edges if a != b)

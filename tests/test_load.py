@@ -159,13 +159,15 @@ def test_torch_2_2_bare_list_dumps(tmp_path):
 
 
 def test_narrow_columns_clamp_out_of_range_values(tmp_path):
-    """timeout_ms and peer_local are stored as int32: a value past it is clamped or nulled, never an error."""
+    """timeout_ms and peer_local are stored as int32: a value past it is clamped or nulled, never an error;
+    a missing one stays null."""
     entries = [_old_entry(0, 1, timeout_ms=10**13, duration_ms=1.25),
-               _old_entry(0, 2, timeout_ms=600_000, profiling_name="nccl:send 0->99999999999", input_sizes=[[8]])]
+               _old_entry(0, 2, timeout_ms=600_000, profiling_name="nccl:send 0->99999999999", input_sizes=[[8]]),
+               _old_entry(0, 3)]   # no timeout recorded: stays null
     (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"version": "2.4", "entries": entries}, protocol=2))
     e = load(tmp_path, LoadOptions(use_cache=False)).entries.sort("collective_seq_id")
-    assert e["timeout_ms"].to_list() == [2**31 - 1, 600_000]
-    assert e["peer_local"].to_list() == [None, None]
+    assert e["timeout_ms"].to_list() == [2**31 - 1, 600_000, None]
+    assert e["peer_local"].to_list() == [None, None, None]
     assert e["duration_ms"].to_list()[0] == 1.25
 
 

@@ -61,6 +61,19 @@ def test_ranks_waiting_on_a_straggler_are_not_named(make_job, kind, fault, want)
     assert _timing_findings(report) == want
 
 
+def test_a_straggler_whose_only_peer_in_a_group_left_no_dump_is_still_named(make_job):
+    """Rank 7 is rank 3's only data-parallel peer: without its dump rank 3 is alone in those collectives, 0 ms
+    late against itself. They say nothing about it (before, they cleared it and named an innocent host)."""
+    fault = synth.Fault(kind="straggler", rank=3, delay_ms=150.0)
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2, fault=fault), per_host_folders=True)
+    for dump in out.rglob("*_7"):
+        dump.unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False)
+    assert _timing_findings(report) == [("straggler", [3], ["node00001"], [])]
+
+
 def test_late_hosts_without_traffic_between_them_are_each_named():
     from flightrec.timing import _drop_pipeline_echoes
 
