@@ -47,8 +47,9 @@ class TimingResult:
 
     lateness: pl.DataFrame          # (group, collective_seq_id, rank, host, cross, timeout_ms, late_ms): one row
                                     # per member per collective of the window
-    per_rank: pl.DataFrame          # rank, host, n, median_late_ms, late_fraction, straggler
-    per_host: pl.DataFrame          # host, ranks, median_late_ms, clock_offset_ms, straggler
+    per_rank: pl.DataFrame          # rank, host, n, median_late_ms, late_fraction, straggler, tied_with, groups
+    per_host: pl.DataFrame          # host, ranks, median_late_ms, straggler, tied_with, clock_offset_ms
+    # tied_with: pipeline neighbours named as stragglers too, as late as this one: one of them is the cause
     clock_offsets: pl.DataFrame     # host, clock_offset_ms (removed before computing lateness)
     slow_groups: pl.DataFrame       # group, op, median_ms, peer_median_ms, ratio
     slow_hosts: list[str]
@@ -157,22 +158,23 @@ def _sends_and_receives(entries: pl.DataFrame) -> pl.DataFrame:
 _TIE = 0.95
 
 
-def _latest_per_pipeline(lateness: dict, edges) -> set:
+def _latest_per_pipeline(lateness: dict, edges) -> dict:
     """Of the late nodes (ranks or hosts: median lateness), the latest in each set joined by point-to-point
     traffic, directly or through nodes that are not late (the first and last stages of a pipeline wait on a
     slow middle or end stage), with any within `_TIE` of it (a slow host holding two stages can be as late as
     the stage before it). Late nodes with no traffic path between them are each kept; a second, independent
     straggler on a path from the first is not named (when hosts hold ranks of several pipelines, paths can
-    join the whole job: then only the latest host is named)."""
+    join the whole job: then only the latest host is named). Returns each kept node's ties."""
     graph = nx.Graph()
     graph.add_nodes_from(lateness)
     graph.add_edges_from((a, b) for a, b in edges if a != b)
-    keep = set()
+    keep = {}
     for component in nx.connected_components(graph):
         late = component & lateness.keys()
         if late:
             latest = max(lateness[n] for n in late)
-            keep |= {n for n in late if lateness[n] >= _TIE * latest}
+            tied = sorted(n for n in late if lateness[n] >= _TIE * latest)
+            keep.update({n: [t for t in tied if t != n] for n in tied})
     return keep
 
 
@@ -182,22 +184,33 @@ def _drop_pipeline_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entrie
     whole pipeline late. Of late ranks, and of late hosts, joined by sends and receives only the latest is a
     straggler (a slow stage made the other three hosts of its replica 620-1,100 ms late against 1,390 ms; with
     one rank per stage, tensor parallelism can't tell a waiting rank on time beside the straggler). Who talks
-    to whom is read from the `entries`' sends and receives, only when two or more ranks or hosts are late."""
+    to whom is read from the `entries`' sends and receives, only when two or more ranks or hosts are late.
+    Adds `tied_with` to both frames: the kept neighbours as late as each one."""
+    per_rank = per_rank.with_columns(pl.lit([], pl.List(pl.Int64)).alias("tied_with"))
+    per_host = per_host.with_columns(pl.lit([], pl.List(pl.String)).alias("tied_with"))
     if entries is None or (per_rank["straggler"].sum() < 2 and per_host["straggler"].sum() < 2):
         return per_rank, per_host
     links = _sends_and_receives(entries)
     if per_rank["straggler"].sum() >= 2:
         late = dict(per_rank.filter(pl.col("straggler")).select("rank", "median_late_ms").iter_rows())
-        keep = _latest_per_pipeline(late, links.iter_rows())
-        per_rank = per_rank.with_columns(pl.col("straggler") & pl.col("rank").is_in(list(keep)))
+        per_rank = _mark_kept(per_rank, "rank", _latest_per_pipeline(late, links.iter_rows()), pl.Int64)
     if per_host["straggler"].sum() >= 2:
         hosts = topo.frame()
         edges = (links.join(hosts, on="rank").join(hosts.rename({"rank": "peer", "host": "peer_host"}), on="peer")
                  .select("host", "peer_host").unique())
         late = dict(per_host.filter(pl.col("straggler")).select("host", "median_late_ms").iter_rows())
-        keep = _latest_per_pipeline(late, edges.iter_rows())
-        per_host = per_host.with_columns(pl.col("straggler") & pl.col("host").is_in(list(keep)))
+        per_host = _mark_kept(per_host, "host", _latest_per_pipeline(late, edges.iter_rows()), pl.String)
     return per_rank, per_host
+
+
+def _mark_kept(frame: pl.DataFrame, key: str, kept: dict, dtype: pl.DataType) -> pl.DataFrame:
+    """`straggler` only for the kept keys (ranks: Int64, hosts: as text), with their ties in `tied_with`."""
+    ties = pl.DataFrame({"_key": list(kept), "_ties": list(kept.values())},
+                        schema={"_key": dtype, "_ties": pl.List(dtype)})
+    return (frame.with_columns(pl.col(key).cast(dtype).alias("_key")).join(ties, on="_key", how="left")
+            .with_columns((pl.col("straggler") & pl.col("_ties").is_not_null()).alias("straggler"),
+                          pl.col("_ties").fill_null(pl.lit([], pl.List(dtype))).alias("tied_with"))
+            .drop("_key", "_ties"))
 
 
 def _hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:
@@ -350,13 +363,14 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
     out = []
     host_stragglers = result.per_host.filter(pl.col("straggler"))
     covered: set[int] = set()
-    for host, ranks, med, *_ in host_stragglers.select("host", "ranks", "median_late_ms").iter_rows():
+    for host, ranks, med, tied in host_stragglers.select("host", "ranks", "median_late_ms", "tied_with").iter_rows():
         covered |= set(ranks)
         out.append(Finding(
             kind="straggler", role="warning", ranks=list(ranks), hosts=[host],
             message=(f"host {host} is a straggler: its {len(ranks)} ranks ({format_ranks(ranks)}) enqueue their "
-                     f"collectives {med:,.0f} ms after their peers (median), clock offset removed"),
-            evidence={"median_late_ms": round(med, 3), "threshold_ms": round(result.threshold_ms, 3)},
+                     f"collectives {med:,.0f} ms after their peers (median), clock offset removed{_tie_text(tied)}"),
+            evidence={"median_late_ms": round(med, 3), "threshold_ms": round(result.threshold_ms, 3),
+                      **({"tied_with": tied} if tied else {})},
         ))
     for row in result.per_rank.filter(pl.col("straggler")).iter_rows(named=True):
         if row["rank"] in covered:
@@ -368,9 +382,10 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
             kind="straggler", role="warning", ranks=[row["rank"]], hosts=[row["host"]] if row["host"] else [],
             message=(f"rank {row['rank']}{host} is a straggler: it enqueues its collectives "
                      f"{row['median_late_ms']:,.0f} ms after the first of its peers (median), late on "
-                     f"{row['late_fraction']:.0%} of {row['n']} collectives{where}"),
+                     f"{row['late_fraction']:.0%} of {row['n']} collectives{where}{_tie_text(row['tied_with'])}"),
             evidence={"median_late_ms": round(row["median_late_ms"], 3), "late_fraction": round(row["late_fraction"], 3),
-                      "collectives": row["n"], "threshold_ms": round(result.threshold_ms, 3)},
+                      "collectives": row["n"], "threshold_ms": round(result.threshold_ms, 3),
+                      **({"tied_with": row["tied_with"]} if row["tied_with"] else {})},
         ))
     if result.slow_groups.height:
         slow = result.slow_groups
@@ -389,6 +404,13 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
             evidence={"slow_groups": slow["group"].to_list()[:50], "ratio": round(slow["ratio"].median(), 2)},
         ))
     return out
+
+
+def _tie_text(tied: list) -> str:
+    if not tied:
+        return ""
+    return (f"; as late as its pipeline neighbour{'s' if len(tied) > 1 else ''} {', '.join(map(str, tied))} "
+            "(named too): the data can't tell which one the others wait on")
 
 
 def lateness_table(result: TimingResult, top: int = 20) -> str:

@@ -86,6 +86,11 @@ def test_late_hosts_without_traffic_between_them_are_each_named():
     kept = _drop_pipeline_echoes(per_rank, per_host, sends, topo)[1].filter(pl.col("straggler"))["host"].to_list()
     assert kept == ["b", "c"]
     assert _drop_pipeline_echoes(per_rank, per_host, None, topo)[1]["straggler"].to_list() == [True] * 4 + [False]
+    # a neighbour within 5% of the latest can't be told from it: both named, each with the other as its tie
+    tied = per_host.with_columns(pl.when(pl.col("host") == "a").then(195.0).otherwise("median_late_ms")
+                                 .alias("median_late_ms"))
+    out = _drop_pipeline_echoes(per_rank, tied, sends, topo)[1].filter(pl.col("straggler"))
+    assert out.select("host", "tied_with").rows() == [("a", ["b"]), ("b", ["a"]), ("c", [])]
 
 
 def test_clock_offset_is_not_a_straggler(make_job):
