@@ -194,7 +194,8 @@ def _drop_pipeline_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entrie
     if per_rank["straggler"].sum() >= 2:
         late = dict(per_rank.filter(pl.col("straggler")).select("rank", "median_late_ms").iter_rows())
         per_rank = _mark_kept(per_rank, "rank", _latest_per_pipeline(late, links.iter_rows()), pl.Int64)
-    if per_host["straggler"].sum() >= 2:
+    # (with a rank-level straggler, late hosts are its echo and are cleared anyway: not worth the graph)
+    if per_host["straggler"].sum() >= 2 and not per_rank["straggler"].any():
         hosts = topo.frame()
         edges = (links.join(hosts, on="rank").join(hosts.rename({"rank": "peer", "host": "peer_host"}), on="peer")
                  .select("host", "peer_host").unique())
