@@ -55,6 +55,9 @@ class TimingResult:
     slow_hosts: list[str]
     slow_links: list[list[str]]
     threshold_ms: float
+    # host pairs whose sends and receives are slow at both ends (checked for late hosts only): a, b, a_ms, b_ms,
+    # baseline_ms
+    slow_p2p_links: pl.DataFrame | None = None
 
 
 def clock_offsets(units: pl.DataFrame, n_hosts: int, rounds: int = 2) -> pl.Series:
@@ -214,6 +217,49 @@ def _mark_kept(frame: pl.DataFrame, key: str, kept: dict, dtype: pl.DataType) ->
             .drop("_key", "_ties"))
 
 
+def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
+    """Per pair of hosts that exchange sends and receives, per end (`host` -> `peer_host`): the median time
+    from a rank creating a send/receive batch to the batch completing. An end that waits for a late peer is
+    slow too, but only the waiting end: a slow link is slow at both ends. Needs completion times (NCCL)."""
+    from .match import is_p2p_closer
+
+    hosts = topo.frame()
+    batches = (entries.lazy()
+               .select("rank", "group", "p2p_seq_id", "is_p2p", "peer", "time_created_ns", "time_completed_ns",
+                       is_p2p_closer().alias("_closer"))   # (a batch's state and times are its closer's)
+               .filter(pl.col("is_p2p") | pl.col("_closer"))
+               .group_by("rank", "group", "p2p_seq_id")
+               .agg(pl.col("peer").drop_nulls().unique(), pl.col("time_created_ns").min().alias("_created"),
+                    pl.col("time_completed_ns").max().alias("_done"))
+               .filter(pl.col("_done").is_not_null() & pl.col("_created").is_not_null())
+               .explode("peer")
+               .select("rank", "peer", ((pl.col("_done") - pl.col("_created")) / 1e6).alias("ms")))
+    return (batches.join(hosts.lazy(), on="rank")
+            .join(hosts.lazy().rename({"rank": "peer", "host": "peer_host"}), on="peer")
+            .filter(pl.col("host") != pl.col("peer_host"))
+            .group_by("host", "peer_host").agg(pl.col("ms").median(), pl.len().alias("n"))
+            .collect())
+
+
+def _slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
+    """Host pairs slow at both ends: each end's median `slow_factor` x the lower quartile of every end's
+    median and `min_slow_ms` above it (the quartile, so a few slow pairs don't drag the baseline up)."""
+    empty = pl.DataFrame(schema={"a": pl.String, "b": pl.String, "a_ms": pl.Float64, "b_ms": pl.Float64,
+                                 "baseline_ms": pl.Float64})
+    ends = speeds.filter(pl.col("n") >= opts.min_collectives).select(pl.col("host").cast(pl.String).alias("a"),
+                                                                      pl.col("peer_host").cast(pl.String).alias("b"), "ms")
+    if ends.height < 4:   # two pairs at least, both ends each: else there is no baseline
+        return empty
+    baseline = ends["ms"].quantile(0.25, "lower")
+    slow = ((pl.col("a_ms") >= opts.slow_factor * baseline) & (pl.col("b_ms") >= opts.slow_factor * baseline)
+            & (pl.min_horizontal("a_ms", "b_ms") - baseline >= opts.min_slow_ms))
+    return (ends.rename({"ms": "a_ms"})
+            .join(ends.select(pl.col("b").alias("a"), pl.col("a").alias("b"), pl.col("ms").alias("b_ms")), on=["a", "b"])
+            .filter((pl.col("a") < pl.col("b")) & slow)
+            .with_columns(pl.lit(baseline, pl.Float64).alias("baseline_ms"))
+            .select(empty.columns).sort("a", "b"))
+
+
 def _hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:
     """A host all of whose ranks (two or more) are stragglers is a straggler host: when hosts are smaller than
     tensor-parallel groups, a slow host's ranks are each late beside on-time peers."""
@@ -343,6 +389,17 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
     if per_rank["straggler"].any():
         per_host = _hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
+    # Late hosts in a pipeline with a slow point-to-point link wait on the link (its ends and the stages before
+    # and after them): they are not slow themselves.
+    slow_p2p = None
+    if per_host["straggler"].any() and entries is not None:
+        speeds = p2p_link_speeds(entries, topo)
+        slow_p2p = _slow_p2p_links(speeds, opts)
+        if slow_p2p.height:
+            graph = nx.Graph(speeds.select(pl.col("host", "peer_host").cast(pl.String)).iter_rows())
+            ends = set(slow_p2p["a"].to_list()) | set(slow_p2p["b"].to_list())
+            waiting = set().union(*(c for c in nx.connected_components(graph) if c & ends))
+            per_host = per_host.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(list(waiting)))
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(
@@ -352,7 +409,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     slow_hosts, slow_links = _localize(speeds, units, topo)
     return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
                         slow_groups=speeds.filter(pl.col("slow")).drop("slow"), slow_hosts=slow_hosts,
-                        slow_links=slow_links, threshold_ms=threshold)
+                        slow_links=slow_links, threshold_ms=threshold, slow_p2p_links=slow_p2p)
 
 
 def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list:
@@ -404,6 +461,15 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
             kind="slow_link", role="warning", hosts=result.slow_hosts, links=result.slow_links, message=message,
             evidence={"slow_groups": slow["group"].to_list()[:50], "ratio": round(slow["ratio"].median(), 2)},
         ))
+    if result.slow_p2p_links is not None:
+        for a, b, a_ms, b_ms, base in result.slow_p2p_links.iter_rows():
+            out.append(Finding(
+                kind="slow_link", role="warning", hosts=[], links=[[a, b]],
+                message=(f"slow link {a} <-> {b}: sends and receives between them take {a_ms:,.0f} / {b_ms:,.0f} ms "
+                         f"(median, at each end) against {base:,.1f} ms between other hosts; the ranks waiting on "
+                         "it are late, not slow"),
+                evidence={"median_ms": [round(a_ms, 3), round(b_ms, 3)], "baseline_ms": round(base, 3)},
+            ))
     return out
 
 

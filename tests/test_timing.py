@@ -93,6 +93,28 @@ def test_late_hosts_without_traffic_between_them_are_each_named():
     assert out.select("host", "tied_with").rows() == [("a", ["b"]), ("b", ["a"]), ("c", [])]
 
 
+@pytest.mark.parametrize("hosts", [("node00004", "node00005"), ("node00002", "node00003")])
+def test_slow_link_between_pipeline_stages_is_a_link_not_late_hosts(make_job, hosts):
+    """tp 2 x pp 4 x dp 4, a host per two stages: a slow link between two stages' hosts carries only sends and
+    receives. The stages behind it arrive late at their data-parallel collectives; before, one end (or both,
+    or hosts further up the pipeline) was named a straggler host. Its sends and receives are slow at both
+    ends: named as the link."""
+    report = _run(make_job, "slow_link", hosts=hosts, tp=2, pp=4, dp=4, ranks_per_host=4 if hosts[0] == "node00004" else 2)
+    assert _timing_findings(report) == [("slow_link", [], [], [sorted(hosts)])]
+
+
+def test_a_slow_p2p_link_is_slow_at_both_ends():
+    from flightrec.timing import _slow_p2p_links
+
+    ends = {("a", "b"): 5.0, ("b", "a"): 5.0, ("c", "d"): 160.0, ("d", "c"): 158.0,   # c <-> d: slow both ways
+            ("e", "f"): 300.0, ("f", "e"): 5.0,                                       # e waits on a late f
+            ("g", "h"): 6.0, ("h", "g"): 5.0}
+    speeds = pl.DataFrame({"host": [a for a, _ in ends], "peer_host": [b for _, b in ends],
+                           "ms": list(ends.values()), "n": [10] * len(ends)})
+    slow = _slow_p2p_links(speeds, TimingOptions())
+    assert slow.select("a", "b").rows() == [("c", "d")] and slow["baseline_ms"][0] == 5.0
+
+
 def test_clock_offset_is_not_a_straggler(make_job):
     report = _run(make_job, "clock_offset", hosts=("node00001",))
     assert _timing_findings(report) == []
