@@ -252,8 +252,10 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
             pl.when(pl.col("last_enqueued").is_not_null()).then("last_enqueued")
             .when(pl.col("has_dump") & ~pl.col("wrapped").fill_null(True)).then(pl.lit(0))
             .otherwise(None).alias("last_enqueued"),
+            # (never past the newest entry: where p2p entries left the buffer, the counter may hold a p2p seq)
             pl.when(pl.col("tracks_completion") & ~pl.col("_has_p2p").fill_null(True) & pl.col("_st_done").is_not_null())
-            .then(pl.max_horizontal("last_completed", "_st_done")).otherwise("last_completed").alias("last_completed"),
+            .then(pl.min_horizontal(pl.max_horizontal("last_completed", "_st_done"), "last_enqueued"))
+            .otherwise("last_completed").alias("last_completed"),
         )
         .with_columns(pl.col("last_enqueued").max().over("group").alias("frontier"))
         .with_columns((pl.col("frontier") - pl.col("last_enqueued")).alias("behind"))

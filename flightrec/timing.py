@@ -223,11 +223,14 @@ def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
     slow too, but only the waiting end: a slow link is slow at both ends. Needs completion times (NCCL)."""
     from .match import is_p2p_closer
 
+    # A batch that also talks to another host counts toward both pairs (interleaved schedules send forward and
+    # receive backward in one batch): its slow end is only one end, so the both-ends rule still holds.
     hosts = topo.frame()
     batches = (entries.lazy()
                .select("rank", "group", "p2p_seq_id", "is_p2p", "peer", "time_created_ns", "time_completed_ns",
                        is_p2p_closer().alias("_closer"))   # (a batch's state and times are its closer's)
-               .filter(pl.col("is_p2p") | pl.col("_closer"))
+               # (without a p2p_seq_id, older recorders, a rank's batches can't be told apart: not timed)
+               .filter((pl.col("is_p2p") | pl.col("_closer")) & pl.col("p2p_seq_id").is_not_null())
                .group_by("rank", "group", "p2p_seq_id")
                .agg(pl.col("peer").drop_nulls().unique(), pl.col("time_created_ns").min().alias("_created"),
                     pl.col("time_completed_ns").max().alias("_done"))
@@ -258,6 +261,28 @@ def _slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
             .filter((pl.col("a") < pl.col("b")) & slow)
             .with_columns(pl.lit(baseline, pl.Float64).alias("baseline_ms"))
             .select(empty.columns).sort("a", "b"))
+
+
+def _drop_link_echoes(per_host: pl.DataFrame, speeds: pl.DataFrame, slow: pl.DataFrame,
+                      threshold: float) -> pl.DataFrame:
+    """Late hosts that wait on a slow point-to-point link are not stragglers: its ends, and the hosts joined to
+    them by sends and receives through hosts that are late too (median over half the threshold: the stages
+    before and after the link wait on it), unless later than the link's latest end (by more than `_TIE`): a
+    host that waits on the link is no later than the link makes its ends. A late host joined to the link only
+    through on-time hosts (another pipeline, when hosts hold stages of several) is still named."""
+    ends = set(slow["a"].to_list()) | set(slow["b"].to_list())
+    late_ms = dict(per_host.select(pl.col("host").cast(pl.String), "median_late_ms").iter_rows())
+    nodes = ends | {h for h, ms in late_ms.items() if ms is not None and ms > threshold / 2}
+    graph = nx.Graph()
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from((a, b) for a, b in speeds.select(pl.col("host", "peer_host").cast(pl.String)).iter_rows()
+                         if a in nodes and b in nodes)
+    waiting = set()
+    for component in nx.connected_components(graph):
+        if component & ends:
+            latest_end = max((late_ms.get(h) or 0.0) for h in component & ends)
+            waiting |= {h for h in component if (late_ms.get(h) or 0.0) * _TIE <= latest_end}
+    return per_host.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(list(waiting)))
 
 
 def _hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:
@@ -389,17 +414,12 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
     if per_rank["straggler"].any():
         per_host = _hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
-    # Late hosts in a pipeline with a slow point-to-point link wait on the link (its ends and the stages before
-    # and after them): they are not slow themselves.
     slow_p2p = None
     if per_host["straggler"].any() and entries is not None:
         speeds = p2p_link_speeds(entries, topo)
         slow_p2p = _slow_p2p_links(speeds, opts)
         if slow_p2p.height:
-            graph = nx.Graph(speeds.select(pl.col("host", "peer_host").cast(pl.String)).iter_rows())
-            ends = set(slow_p2p["a"].to_list()) | set(slow_p2p["b"].to_list())
-            waiting = set().union(*(c for c in nx.connected_components(graph) if c & ends))
-            per_host = per_host.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(list(waiting)))
+            per_host = _drop_link_echoes(per_host, speeds, slow_p2p, threshold)
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(
@@ -461,15 +481,44 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
             kind="slow_link", role="warning", hosts=result.slow_hosts, links=result.slow_links, message=message,
             evidence={"slow_groups": slow["group"].to_list()[:50], "ratio": round(slow["ratio"].median(), 2)},
         ))
-    if result.slow_p2p_links is not None:
-        for a, b, a_ms, b_ms, base in result.slow_p2p_links.iter_rows():
+    if result.slow_p2p_links is not None and result.slow_p2p_links.height:
+        out += _p2p_findings(result)
+    return out
+
+
+def _p2p_findings(result: TimingResult) -> list:
+    """A host at the end of two or more slow pairs is the slow one (its NIC, its GPU): one finding for it. The
+    other pairs are links. Hosts and links the collective groups already named are not repeated."""
+    from .report import Finding
+
+    pairs = result.slow_p2p_links
+    ends = pl.concat([pairs.select(pl.col("a").alias("host"), pl.col("b").alias("other"), pl.col("a_ms").alias("ms")),
+                      pairs.select(pl.col("b").alias("host"), pl.col("a").alias("other"), pl.col("b_ms").alias("ms"))])
+    per_host = ends.group_by("host").agg(pl.col("other").sort(), pl.col("ms").median()).filter(pl.col("other").list.len() > 1)
+    slow_hosts = set(per_host["host"].to_list())
+    known_hosts = set(result.slow_hosts)
+    known_links = {tuple(sorted(link)) for link in result.slow_links}
+    base = pairs["baseline_ms"][0]
+    out = []
+    for host, others, ms in per_host.sort("host").iter_rows():
+        if host not in known_hosts:
             out.append(Finding(
-                kind="slow_link", role="warning", hosts=[], links=[[a, b]],
-                message=(f"slow link {a} <-> {b}: sends and receives between them take {a_ms:,.0f} / {b_ms:,.0f} ms "
-                         f"(median, at each end) against {base:,.1f} ms between other hosts; the ranks waiting on "
+                kind="slow_link", role="warning", hosts=[host], links=[],
+                message=(f"slow host {host}: its sends and receives with {', '.join(others)} are slow at both ends "
+                         f"({ms:,.0f} ms median at its end, {base:,.1f} ms between other hosts); the ranks waiting on "
                          "it are late, not slow"),
-                evidence={"median_ms": [round(a_ms, 3), round(b_ms, 3)], "baseline_ms": round(base, 3)},
+                evidence={"slow_with": others, "median_ms": round(ms, 3), "baseline_ms": round(base, 3)},
             ))
+    for a, b, a_ms, b_ms, base in pairs.iter_rows():
+        if {a, b} & (slow_hosts | known_hosts) or (a, b) in known_links:
+            continue   # (a slow host is slow with every peer: its pairs are not links)
+        out.append(Finding(
+            kind="slow_link", role="warning", hosts=[], links=[[a, b]],
+            message=(f"slow link {a} <-> {b}: sends and receives between them take {a_ms:,.0f} / {b_ms:,.0f} ms "
+                     f"(median, at each end) against {base:,.1f} ms between other hosts; the ranks waiting on it "
+                     "are late, not slow"),
+            evidence={"median_ms": [round(a_ms, 3), round(b_ms, 3)], "baseline_ms": round(base, 3)},
+        ))
     return out
 
 

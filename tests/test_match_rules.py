@@ -18,7 +18,7 @@ def entry(rank, seq, op="all_reduce", *, group="g", state="completed", ins="[[8]
     }
 
 
-def run(rows, ranks=(0, 1, 2, 3), wrapped=False, backend="nccl", group_ranks=None):
+def run(rows, ranks=(0, 1, 2, 3), wrapped=False, backend="nccl", group_ranks=None, pg_status=None):
     group_ranks = list(group_ranks or ranks)
     entries = conform(pl.DataFrame(rows, infer_schema_length=None), ENTRIES_WITH_GROUP).sort("rank", "record_id")
     groups = conform(pl.DataFrame({"group": ["g"], "pg_name": ["g"], "pg_desc": ["tp"], "size": [len(group_ranks)],
@@ -27,7 +27,7 @@ def run(rows, ranks=(0, 1, 2, 3), wrapped=False, backend="nccl", group_ranks=Non
                                     "local_rank": list(range(len(group_ranks)))}), MEMBERS)
     dumps = conform(pl.DataFrame({"rank": list(ranks), "loaded": [True] * len(ranks), "wrapped": [wrapped] * len(ranks),
                                   "backend": [backend] * len(ranks), "problems": [[]] * len(ranks)}), DUMPS_WITH_LOADED)
-    return match(entries, groups, members, dumps, pl.DataFrame(schema=PG_STATUS))
+    return match(entries, groups, members, dumps, conform(pl.DataFrame(pg_status or [], schema=PG_STATUS), PG_STATUS))
 
 
 def status(m, seq):
@@ -197,3 +197,14 @@ def test_one_entry_units_read_like_aggregated_ones():
     aggregated = run(singles + batch).units
     assert aggregated.filter(pl.col("collective_seq_id") < 3).equals(fast)
     assert aggregated.filter(pl.col("collective_seq_id") == 3)["n_entries"].to_list() == [2] * 4
+
+
+def test_progress_is_the_newest_entry_not_pg_status_counters():
+    """pg_status counters can run ahead of every entry (Gloo counts sends and receives it never records; NCCL's
+    hold a p2p seq once p2p entries left the buffer): how far a rank got is its newest entry, and it can't
+    have completed more than that."""
+    rows = [entry(r, s) for r in range(4) for s in (1, 2)]
+    ahead = [{"rank": r, "pg_id": 1, "last_enqueued": 90, "last_started": -1, "last_completed": 90} for r in range(4)]
+    prog = run(rows, pg_status=ahead).progress
+    assert set(prog["last_enqueued"].to_list()) == {2} and set(prog["last_completed"].to_list()) == {2}
+    assert set(prog["behind"].to_list()) == {0}

@@ -115,6 +115,26 @@ def test_a_slow_p2p_link_is_slow_at_both_ends():
     assert slow.select("a", "b").rows() == [("c", "d")] and slow["baseline_ms"][0] == 5.0
 
 
+def test_a_slow_host_is_one_host_not_links_to_its_neighbours(make_job):
+    """Every send and receive of node00004 is slow: its pairs are slow at both ends, but it is the host (found
+    by the collective groups too), not a link to each pipeline neighbour."""
+    report = _run(make_job, "slow_link", hosts=("node00004",), tp=2, pp=4, dp=4, ranks_per_host=4)
+    assert _timing_findings(report) == [("slow_link", [], ["node00004"], [])]
+
+
+def test_a_host_later_than_a_slow_link_is_still_a_straggler():
+    """Hosts waiting on a slow link a <-> b are no later than its ends; x, later than both, joined to them only
+    through late hosts, is a straggler of its own (when hosts hold stages of several pipelines)."""
+    from flightrec.timing import _drop_link_echoes
+
+    per_host = pl.DataFrame({"host": ["a", "b", "c", "x", "y"], "median_late_ms": [500.0, 300.0, 400.0, 1300.0, 1.0],
+                             "straggler": [True, False, True, True, False]})
+    speeds = pl.DataFrame({"host": ["a", "b", "c", "x", "y"], "peer_host": ["b", "c", "x", "y", "a"]})
+    slow = pl.DataFrame({"a": ["a"], "b": ["b"], "a_ms": [155.0], "b_ms": [155.0], "baseline_ms": [5.0]})
+    kept = _drop_link_echoes(per_host, speeds, slow, threshold=20.0).filter(pl.col("straggler"))["host"].to_list()
+    assert kept == ["x"]
+
+
 def test_clock_offset_is_not_a_straggler(make_job):
     report = _run(make_job, "clock_offset", hosts=("node00001",))
     assert _timing_findings(report) == []
