@@ -30,7 +30,7 @@ trace = flightrec.load({d!r}, flightrec.LoadOptions(use_cache=False))
 out["ingest"] = time.perf_counter() - t
 t = time.perf_counter(); m = run_match(trace); out["match"] = time.perf_counter() - t
 topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, ranks_per_host=8)
-t = time.perf_counter(); timing = analyze_timing(m, trace.groups, topo); out["timing"] = time.perf_counter() - t
+t = time.perf_counter(); timing = analyze_timing(m, trace.groups, topo, entries=trace.entries); out["timing"] = time.perf_counter() - t
 t = time.perf_counter()
 w = build_waits(m, trace.entries)
 loc = locate(m, topo, exclude=set(w.waiting))
