@@ -530,7 +530,7 @@ def _tie_text(tied: list) -> str:
 
 
 def lateness_table(result: TimingResult, top: int = 20) -> str:
-    """Text for `flightrec timing`: the latest ranks, the hosts, clock offsets, slow groups."""
+    """Text for `flightrec timing`: the latest ranks, the hosts, clock offsets, slow groups and host pairs."""
     from .views import text_table
 
     parts = [f"Lateness threshold: {result.threshold_ms:,.1f} ms (median + spread of all ranks, at least the minimum)",
@@ -545,4 +545,7 @@ def lateness_table(result: TimingResult, top: int = 20) -> str:
             pl.col("clock_offset_ms").round(2), "straggler").sort("median_late_ms", descending=True).head(top))]
     if result.slow_groups.height:
         parts += ["", "Slow groups:", text_table(result.slow_groups.with_columns(pl.col(pl.Float64).round(2)))]
+    if result.slow_p2p_links is not None and result.slow_p2p_links.height:
+        parts += ["", "Host pairs whose sends and receives are slow at both ends (ms, median at each end):",
+                  text_table(result.slow_p2p_links.with_columns(pl.col(pl.Float64).round(2)))]
     return "\n".join(parts)

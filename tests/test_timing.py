@@ -103,6 +103,16 @@ def test_slow_link_between_pipeline_stages_is_a_link_not_late_hosts(make_job, ho
     assert _timing_findings(report) == [("slow_link", [], [], [sorted(hosts)])]
 
 
+def test_timing_command_lists_slow_host_pairs(make_job, tmp_path):
+    fault = synth.Fault(kind="slow_link", hosts=("node00004", "node00005"))
+    out, _ = make_job(synth.Job(tp=2, pp=4, dp=4, steps=6, ranks_per_host=4, fault=fault), per_host_folders=True)
+    result = CliRunner().invoke(main, ["timing", str(out)])
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    title = next(i for i, line in enumerate(lines) if line.startswith("Host pairs whose sends and receives"))
+    assert lines[title + 2].split()[:2] == ["node00004", "node00005"]
+
+
 def test_a_slow_p2p_link_is_slow_at_both_ends():
     from flightrec.timing import _slow_p2p_links
 
