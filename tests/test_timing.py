@@ -75,7 +75,7 @@ def test_a_straggler_whose_only_peer_in_a_group_left_no_dump_is_still_named(make
 
 
 def test_late_hosts_without_traffic_between_them_are_each_named():
-    from flightrec.timing import _drop_pipeline_echoes
+    from flightrec.echoes import drop_pipeline_echoes
 
     per_host = pl.DataFrame({"host": ["a", "b", "c", "d", "x"], "median_late_ms": [100.0, 200.0, 50.0, 90.0, 5.0],
                              "straggler": [True, True, True, True, False]})
@@ -83,13 +83,13 @@ def test_late_hosts_without_traffic_between_them_are_each_named():
     # a <-> b directly; b <-> x <-> d: d is joined to b through x, a host that is not late; c talks to no one
     sends = pl.DataFrame({"rank": [0, 1, 1, 4, 2], "peer": [1, 0, 4, 3, None], "is_p2p": [True, True, True, True, False]})
     per_rank = per_host.select(pl.lit(0).alias("rank"), "median_late_ms", pl.lit(False).alias("straggler")).head(1)
-    kept = _drop_pipeline_echoes(per_rank, per_host, sends, topo)[1].filter(pl.col("straggler"))["host"].to_list()
+    kept = drop_pipeline_echoes(per_rank, per_host, sends, topo)[1].filter(pl.col("straggler"))["host"].to_list()
     assert kept == ["b", "c"]
-    assert _drop_pipeline_echoes(per_rank, per_host, None, topo)[1]["straggler"].to_list() == [True] * 4 + [False]
+    assert drop_pipeline_echoes(per_rank, per_host, None, topo)[1]["straggler"].to_list() == [True] * 4 + [False]
     # a neighbour within 5% of the latest can't be told from it: both named, each with the other as its tie
     tied = per_host.with_columns(pl.when(pl.col("host") == "a").then(195.0).otherwise("median_late_ms")
                                  .alias("median_late_ms"))
-    out = _drop_pipeline_echoes(per_rank, tied, sends, topo)[1].filter(pl.col("straggler"))
+    out = drop_pipeline_echoes(per_rank, tied, sends, topo)[1].filter(pl.col("straggler"))
     assert out.select("host", "tied_with").rows() == [("a", ["b"]), ("b", ["a"]), ("c", [])]
 
 
@@ -114,14 +114,14 @@ def test_timing_command_lists_slow_host_pairs(make_job, tmp_path):
 
 
 def test_a_slow_p2p_link_is_slow_at_both_ends():
-    from flightrec.timing import _slow_p2p_links
+    from flightrec.echoes import slow_p2p_links
 
     ends = {("a", "b"): 5.0, ("b", "a"): 5.0, ("c", "d"): 160.0, ("d", "c"): 158.0,   # c <-> d: slow both ways
             ("e", "f"): 300.0, ("f", "e"): 5.0,                                       # e waits on a late f
             ("g", "h"): 6.0, ("h", "g"): 5.0}
     speeds = pl.DataFrame({"host": [a for a, _ in ends], "peer_host": [b for _, b in ends],
                            "ms": list(ends.values()), "n": [10] * len(ends)})
-    slow = _slow_p2p_links(speeds, TimingOptions())
+    slow = slow_p2p_links(speeds, TimingOptions())
     assert slow.select("a", "b").rows() == [("c", "d")] and slow["baseline_ms"][0] == 5.0
 
 
@@ -135,13 +135,13 @@ def test_a_slow_host_is_one_host_not_links_to_its_neighbours(make_job):
 def test_a_host_later_than_a_slow_link_is_still_a_straggler():
     """Hosts waiting on a slow link a <-> b are no later than its ends; x, later than both, joined to them only
     through late hosts, is a straggler of its own (when hosts hold stages of several pipelines)."""
-    from flightrec.timing import _drop_link_echoes
+    from flightrec.echoes import drop_link_echoes
 
     per_host = pl.DataFrame({"host": ["a", "b", "c", "x", "y"], "median_late_ms": [500.0, 300.0, 400.0, 1300.0, 1.0],
                              "straggler": [True, False, True, True, False]})
     speeds = pl.DataFrame({"host": ["a", "b", "c", "x", "y"], "peer_host": ["b", "c", "x", "y", "a"]})
     slow = pl.DataFrame({"a": ["a"], "b": ["b"], "a_ms": [155.0], "b_ms": [155.0], "baseline_ms": [5.0]})
-    kept = _drop_link_echoes(per_host, speeds, slow, threshold=20.0).filter(pl.col("straggler"))["host"].to_list()
+    kept = drop_link_echoes(per_host, speeds, slow, threshold=20.0).filter(pl.col("straggler"))["host"].to_list()
     assert kept == ["x"]
 
 

@@ -1,0 +1,186 @@
+"""Who is late only because they wait on someone: the rules that keep a straggler's echoes out of the findings.
+
+A straggler delays everyone who waits on it: its tensor-parallel peers reach their other collectives late, its
+pipeline neighbours receive late, and a slow link between two stages delays both pipelines' stages. `timing`
+flags ranks and hosts late on most collectives; these rules clear the ones whose lateness another explains.
+Each works on the few flagged ranks or hosts and on aggregated edges (who sends to whom), never per entry.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import networkx as nx
+import polars as pl
+
+from .match import is_p2p_closer
+from .topology import Topology
+
+if TYPE_CHECKING:
+    from .timing import TimingOptions
+
+
+def drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: float,
+                      opts: TimingOptions) -> pl.DataFrame:
+    """A straggler is late in every group it is in; a rank that only waits on one is not. Waiting spreads the
+    delay: the straggler's tensor-parallel peers wait for it, then reach their data-parallel collectives late;
+    pipeline neighbours receive late, and so on (a 150 ms straggler made eleven other ranks 20-840 ms late in a
+    4 x 4 x 8 job). But in the group it shares with the straggler, a waiting rank arrives on time: its peers
+    were delayed as much. So a flagged rank stays a straggler only if its median lateness is over half the
+    threshold in each of its groups where it has `min_collectives` collectives that another member recorded
+    too (alone in a collective, a rank whose peers left no dump is 0 ms late against itself)."""
+    flagged = per_rank.filter(pl.col("straggler")).select("rank")
+    if flagged.height == 0:
+        return per_rank
+    key = ["group", "collective_seq_id"]
+    theirs = late.join(flagged, on="rank", how="semi")
+    shared = (late.join(theirs.select(key).unique(), on=key, how="semi").group_by(key).len()
+              .filter(pl.col("len") >= 2).select(key))
+    by_group = (theirs.join(shared, on=key, how="semi").group_by("rank", "group")
+                .agg(pl.len().alias("_n"), pl.col("late_ms").median().alias("_med"))
+                .filter(pl.col("_n") >= opts.min_collectives)
+                .group_by("rank").agg((pl.col("_med") > threshold / 2).all().alias("_everywhere")))
+    return (per_rank.join(by_group, on="rank", how="left")
+            .with_columns(pl.col("straggler") & pl.col("_everywhere").fill_null(True)).drop("_everywhere"))
+
+
+def _sends_and_receives(entries: pl.DataFrame) -> pl.DataFrame:
+    """(rank, peer): who sends to or receives from whom."""
+    return (entries.lazy().filter(pl.col("is_p2p") & pl.col("peer").is_not_null())
+            .select("rank", "peer").unique().collect())
+
+
+def _with_hosts(pairs: pl.LazyFrame, topo: Topology) -> pl.LazyFrame:
+    """`pairs` (rank, peer, ...) with `host` and `peer_host`, between different hosts only."""
+    hosts = topo.frame().lazy()
+    return (pairs.join(hosts, on="rank").join(hosts.rename({"rank": "peer", "host": "peer_host"}), on="peer")
+            .filter(pl.col("host") != pl.col("peer_host")))
+
+
+# Pipeline neighbours that are this close to the latest can't be told from it: both are kept.
+_TIE = 0.95
+
+
+def _latest_per_pipeline(lateness: dict, edges) -> dict:
+    """Of the late nodes (ranks or hosts: median lateness), the latest in each set joined by point-to-point
+    traffic, directly or through nodes that are not late (the first and last stages of a pipeline wait on a
+    slow middle or end stage), with any within `_TIE` of it (a slow host holding two stages can be as late as
+    the stage before it). Late nodes with no traffic path between them are each kept; a second, independent
+    straggler on a path from the first is not named (when hosts hold ranks of several pipelines, paths can
+    join the whole job: then only the latest host is named). Returns each kept node's ties."""
+    graph = nx.Graph()
+    graph.add_nodes_from(lateness)
+    graph.add_edges_from((a, b) for a, b in edges if a != b)
+    keep = {}
+    for component in nx.connected_components(graph):
+        late = component & lateness.keys()
+        if late:
+            latest = max(lateness[n] for n in late)
+            tied = sorted(n for n in late if lateness[n] >= _TIE * latest)
+            keep.update({n: [t for t in tied if t != n] for n in tied})
+    return keep
+
+
+def drop_pipeline_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entries: pl.DataFrame | None,
+                          topo: Topology) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A pipeline stage waits on the stage before it (forward) and after it (backward): a straggler makes its
+    whole pipeline late. Of late ranks, and of late hosts, joined by sends and receives only the latest is a
+    straggler (a slow stage made the other three hosts of its replica 620-1,100 ms late against 1,390 ms; with
+    one rank per stage, tensor parallelism can't tell a waiting rank on time beside the straggler). Who talks
+    to whom is read from the `entries`' sends and receives, only when two or more ranks or hosts are late.
+    Adds `tied_with` to both frames: the kept neighbours as late as each one."""
+    per_rank = per_rank.with_columns(pl.lit([], pl.List(pl.Int64)).alias("tied_with"))
+    per_host = per_host.with_columns(pl.lit([], pl.List(pl.String)).alias("tied_with"))
+    if entries is None or (per_rank["straggler"].sum() < 2 and per_host["straggler"].sum() < 2):
+        return per_rank, per_host
+    links = _sends_and_receives(entries)
+    if per_rank["straggler"].sum() >= 2:
+        late = dict(per_rank.filter(pl.col("straggler")).select("rank", "median_late_ms").iter_rows())
+        per_rank = _mark_kept(per_rank, "rank", _latest_per_pipeline(late, links.iter_rows()), pl.Int64)
+    # (with a rank-level straggler, late hosts are its echo and are cleared anyway: not worth the graph)
+    if per_host["straggler"].sum() >= 2 and not per_rank["straggler"].any():
+        edges = _with_hosts(links.lazy(), topo).select("host", "peer_host").unique().collect()
+        late = dict(per_host.filter(pl.col("straggler")).select("host", "median_late_ms").iter_rows())
+        per_host = _mark_kept(per_host, "host", _latest_per_pipeline(late, edges.iter_rows()), pl.String)
+    return per_rank, per_host
+
+
+def _mark_kept(frame: pl.DataFrame, key: str, kept: dict, dtype: pl.DataType) -> pl.DataFrame:
+    """`straggler` only for the kept keys (ranks: Int64, hosts: as text), with their ties in `tied_with`."""
+    ties = pl.DataFrame({"_key": list(kept), "_ties": list(kept.values())},
+                        schema={"_key": dtype, "_ties": pl.List(dtype)})
+    return (frame.with_columns(pl.col(key).cast(dtype).alias("_key")).join(ties, on="_key", how="left")
+            .with_columns((pl.col("straggler") & pl.col("_ties").is_not_null()).alias("straggler"),
+                          pl.col("_ties").fill_null(pl.lit([], pl.List(dtype))).alias("tied_with"))
+            .drop("_key", "_ties"))
+
+
+def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
+    """Per pair of hosts that exchange sends and receives, per end (`host` -> `peer_host`): the median time
+    from a rank creating a send/receive batch to the batch completing. An end that waits for a late peer is
+    slow too, but only the waiting end: a slow link is slow at both ends. Needs completion times (NCCL)."""
+    # A batch that also talks to another host counts toward both pairs (interleaved schedules send forward and
+    # receive backward in one batch): its slow end is only one end, so the both-ends rule still holds.
+    batches = (entries.lazy()
+               .select("rank", "group", "p2p_seq_id", "is_p2p", "peer", "time_created_ns", "time_completed_ns",
+                       is_p2p_closer().alias("_closer"))   # (a batch's state and times are its closer's)
+               # (without a p2p_seq_id, older recorders, a rank's batches can't be told apart: not timed)
+               .filter((pl.col("is_p2p") | pl.col("_closer")) & pl.col("p2p_seq_id").is_not_null())
+               .group_by("rank", "group", "p2p_seq_id")
+               .agg(pl.col("peer").drop_nulls().unique(), pl.col("time_created_ns").min().alias("_created"),
+                    pl.col("time_completed_ns").max().alias("_done"))
+               .filter(pl.col("_done").is_not_null() & pl.col("_created").is_not_null())
+               .explode("peer")
+               .select("rank", "peer", ((pl.col("_done") - pl.col("_created")) / 1e6).alias("ms")))
+    return _with_hosts(batches, topo).group_by("host", "peer_host").agg(pl.col("ms").median(), pl.len().alias("n")).collect()
+
+
+def slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
+    """Host pairs slow at both ends: each end's median `slow_factor` x the lower quartile of every end's
+    median and `min_slow_ms` above it (the quartile, so a few slow pairs don't drag the baseline up)."""
+    empty = pl.DataFrame(schema={"a": pl.String, "b": pl.String, "a_ms": pl.Float64, "b_ms": pl.Float64,
+                                 "baseline_ms": pl.Float64})
+    ends = speeds.filter(pl.col("n") >= opts.min_collectives).select(pl.col("host").cast(pl.String).alias("a"),
+                                                                      pl.col("peer_host").cast(pl.String).alias("b"), "ms")
+    if ends.height < 4:   # two pairs at least, both ends each: else there is no baseline
+        return empty
+    baseline = ends["ms"].quantile(0.25, "lower")
+    slow = ((pl.col("a_ms") >= opts.slow_factor * baseline) & (pl.col("b_ms") >= opts.slow_factor * baseline)
+            & (pl.min_horizontal("a_ms", "b_ms") - baseline >= opts.min_slow_ms))
+    return (ends.rename({"ms": "a_ms"})
+            .join(ends.select(pl.col("b").alias("a"), pl.col("a").alias("b"), pl.col("ms").alias("b_ms")), on=["a", "b"])
+            .filter((pl.col("a") < pl.col("b")) & slow)
+            .with_columns(pl.lit(baseline, pl.Float64).alias("baseline_ms"))
+            .select(empty.columns).sort("a", "b"))
+
+
+def drop_link_echoes(per_host: pl.DataFrame, speeds: pl.DataFrame, slow: pl.DataFrame,
+                      threshold: float) -> pl.DataFrame:
+    """Late hosts that wait on a slow point-to-point link are not stragglers: its ends, and the hosts joined to
+    them by sends and receives through hosts that are late too (median over half the threshold: the stages
+    before and after the link wait on it), unless later than the link's latest end (by more than `_TIE`): a
+    host that waits on the link is no later than the link makes its ends. A late host joined to the link only
+    through on-time hosts (another pipeline, when hosts hold stages of several) is still named."""
+    ends = set(slow["a"].to_list()) | set(slow["b"].to_list())
+    late_ms = dict(per_host.select(pl.col("host").cast(pl.String), "median_late_ms").iter_rows())
+    nodes = ends | {h for h, ms in late_ms.items() if ms is not None and ms > threshold / 2}
+    graph = nx.Graph()
+    graph.add_nodes_from(nodes)
+    graph.add_edges_from((a, b) for a, b in speeds.select(pl.col("host", "peer_host").cast(pl.String)).iter_rows()
+                         if a in nodes and b in nodes)
+    waiting = set()
+    for component in nx.connected_components(graph):
+        if component & ends:
+            latest_end = max((late_ms.get(h) or 0.0) for h in component & ends)
+            waiting |= {h for h in component if (late_ms.get(h) or 0.0) * _TIE <= latest_end}
+    return per_host.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(list(waiting)))
+
+
+def hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:
+    """A host all of whose ranks (two or more) are stragglers is a straggler host: when hosts are smaller than
+    tensor-parallel groups, a slow host's ranks are each late beside on-time peers."""
+    flagged = per_rank.filter(pl.col("straggler")).select("rank", pl.lit(True).alias("_flagged"))
+    slow = (topo.frame().join(flagged, on="rank", how="left")
+            .group_by("host").agg(pl.len().alias("_n"), pl.col("_flagged").fill_null(False).all().alias("_all"))
+            .filter((pl.col("_n") > 1) & pl.col("_all")))
+    return per_host.with_columns(pl.col("straggler") | pl.col("host").cast(pl.String).is_in(slow["host"].cast(pl.String).implode()))
