@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from flightrec import FlightrecError, LoadOptions, analyze, load, synth
 from flightrec.cli import main
 from flightrec.errors import NoDumpsError
+from flightrec.readers import loads_plain_pickle
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def _quiet_load(path, **kw):
 
 
 def _rewrite(path, fn):
-    dump = pickle.loads(path.read_bytes())
+    dump = loads_plain_pickle(path.read_bytes())
     fn(dump)
     path.write_bytes(pickle.dumps(dump))
 
@@ -55,7 +56,7 @@ def test_malicious_pickle_is_refused_the_rest_analysed(job_dir, tmp_path):
 
 def test_truncated_pickle_keeps_entries_before_the_cut(job_dir):
     path = job_dir / "nccl_trace_rank_2"
-    full = pickle.loads(path.read_bytes())
+    full = loads_plain_pickle(path.read_bytes())
     data = path.read_bytes()
     path.write_bytes(data[: len(data) * 2 // 3])
     trace, msgs = _quiet_load(job_dir)
@@ -84,7 +85,7 @@ def test_gzip_dumps_are_read(job_dir):
 
 def test_json_with_wrong_types_and_missing_keys(job_dir):
     path = job_dir / "nccl_trace_rank_5"
-    dump = pickle.loads(path.read_bytes())
+    dump = loads_plain_pickle(path.read_bytes())
     doc = json.loads(synth.to_json_dump(dump))
     for e in doc["entries"][:5]:
         e["collective_seq_id"] = str(e["collective_seq_id"])   # ints as strings

@@ -8,6 +8,7 @@ import pytest
 
 from flightrec import LoadOptions, analyze, load, synth
 from flightrec.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
+from flightrec.readers import loads_plain_pickle
 from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
 
 from .conftest import FIXTURES, recorded_cases
@@ -27,7 +28,7 @@ def test_schemas(make_job):
 def test_round_trip_values(make_job):
     """Every field the generator wrote comes back, typed, for one rank's entries."""
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=1, steps=2))
-    raw = pickle.loads((out / "nccl_trace_rank_2").read_bytes())
+    raw = loads_plain_pickle((out / "nccl_trace_rank_2").read_bytes())
     trace = load(out, LoadOptions(use_cache=False))
     mine = trace.entries.filter(pl.col("rank") == 2).sort("record_id")
     assert mine.height == len(raw["entries"])
@@ -106,7 +107,7 @@ def test_cache_is_used_and_invalidated(make_job, tmp_path):
     assert first.entries.equals(second.entries)
     # a changed dump must not be served from the cache
     path = out / "nccl_trace_rank_1"
-    dump = pickle.loads(path.read_bytes())
+    dump = loads_plain_pickle(path.read_bytes())
     dump["entries"] = dump["entries"][:3]
     path.write_bytes(pickle.dumps(dump))
     assert load(out, opts).entries.filter(pl.col("rank") == 1).height == 3
@@ -206,7 +207,7 @@ def test_a_reused_group_name_means_the_group_its_rank_declared(make_job):
     the group it declared, name#1 or name#2, not to one of them by name."""
     out, _ = make_job(synth.Job(tp=2, pp=1, dp=2, steps=2))
     for path in out.iterdir():   # our own synthetic files: rename both tp groups to "tp"
-        dump = pickle.loads(path.read_bytes())
+        dump = loads_plain_pickle(path.read_bytes())
         tp = next(k for k, v in dump["pg_config"].items() if v["desc"] == "tp")
         dump["pg_config"]["tp"] = dict(dump["pg_config"].pop(tp), name="tp")
         for e in dump["entries"]:
