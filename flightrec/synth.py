@@ -25,7 +25,7 @@ from pathlib import Path
 from .synth_stacks import STACKS as _STACKS
 
 # Bump when the bytes generated for a job change: the benchmarks cache generated jobs under this version.
-DUMP_LAYOUT = 3
+DUMP_LAYOUT = 4
 
 FAULT_KINDS = (
     "none", "not_joined", "missing_dump", "host_down", "size_mismatch", "type_mismatch", "dtype_mismatch",
@@ -206,6 +206,13 @@ class _Sim:
         self.sim_from = 0 if small or job.fault.kind in _TIMING_FAULTS else fault_step
         self.templates = {r: _schedule(job, r, self.by_rank, range(1)) for r in range(job.world_size)}
         self.ops = {r: _schedule(job, r, self.by_rank, range(self.sim_from, job.steps)) for r in range(job.world_size)}
+        # A collective ends at one instant on all its members: when the last one arrived. In a replicated step
+        # that is the latest member's place in its own template (stages differ in how many ops come first).
+        self.template_last: dict[tuple, int] = {}
+        for template in self.templates.values():
+            for i, op in enumerate(template):
+                for k in op.keys:
+                    self.template_last[k] = max(self.template_last.get(k, i), i)
         self.rng = random.Random(job.seed)
         self.stop_at: dict[int, int] = {}          # rank -> index it never reaches
         self.never_complete: set[tuple] = set()     # instance keys that hang with everyone in
@@ -378,21 +385,23 @@ def _pieces_per_step(template: list[_Op]) -> int:
     return sum(len(op.parts) + 1 if op.is_p2p else 1 for op in template)
 
 
-def _prefix_records(job: Job, template: list[_Op], first: int, stop: int) -> list[dict]:
-    """Healthy steps [first, stop) replicated from the template: everything completes, on a regular clock."""
+def _prefix_records(job: Job, template: list[_Op], first: int, stop: int, last: dict[tuple, int]) -> list[dict]:
+    """Healthy steps [first, stop) replicated from the template: everything completes, on a regular clock.
+    `last`: per step-0 instance key, the latest member's index in its template (`_Sim.template_last`)."""
     step_ns = _step_ns(job)
     out = []
     for step in range(first, stop):
         t = _T0 + step * step_ns
         for i, op in enumerate(template):
             created = t + i * _OP_NS
+            begin = t + max(last.get(k, i) for k in op.keys) * _OP_NS
             out.append({"op": op, "created": created, "started": created + 100_000,
-                        "done": created + 100_000 + 1_000_000 * (2 + len(op.group.ranks).bit_length())})
+                        "done": begin + 100_000 + 1_000_000 * (2 + len(op.group.ranks).bit_length())})
     return out
 
 
 def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[str, _Group]],
-             template: list[_Op] | None = None, sim_from: int = 0) -> list[dict]:
+             template: list[_Op] | None = None, sim_from: int = 0, last: dict[tuple, int] | None = None) -> list[dict]:
     """The recorder's entries for one rank, oldest first, as far back as the ring buffer keeps them.
 
     `records` are the simulated ops from step `sim_from` on; earlier steps come from `template`, and only as
@@ -411,7 +420,7 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
             counter[op.group.name] += keep_from
             op_ids[op.group.name] += keep_from * (len(op.parts) + 1 if op.is_p2p else 1)
         record_id = per_step * keep_from
-        records = _prefix_records(job, template, keep_from, sim_from) + records
+        records = _prefix_records(job, template, keep_from, sim_from, last or {}) + records
     # innermost frame first, as the recorder writes them; the frame dicts are shared between entries, as the
     # writer shares them (each entry gets its own list of them when pickled: `_writer_layout`)
     frames = {name: [{"name": n, "filename": f, "line": ln} for n, f, ln in reversed(stack)]
@@ -592,7 +601,8 @@ class _Writer:
         for rank in ranks:
             if rank in sim.missing:
                 continue
-            entries = _entries(job, rank, self.records[rank], sim.by_rank, sim.template_of(rank), sim.sim_from)
+            entries = _entries(job, rank, self.records[rank], sim.by_rank, sim.template_of(rank), sim.sim_from,
+                               sim.template_last)
             dump = build_dump(job, rank, entries, sim.by_rank)
             folder = out / job.host_of(rank) if self.per_host_folders else out
             folder.mkdir(parents=True, exist_ok=True)

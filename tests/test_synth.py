@@ -1,10 +1,10 @@
 """The generator itself: replicated healthy steps equal simulated ones; ground truth is consistent."""
 
-import pickle
 
 import pytest
 
 from flightrec import synth
+from flightrec.readers import loads_plain_pickle
 
 from .conftest import FIXTURES
 
@@ -14,7 +14,7 @@ FIELDS = ("record_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_i
 
 def _dumps(tmp_path, job, name):
     synth.generate(job, tmp_path / name)
-    return {r: pickle.loads((tmp_path / name / f"nccl_trace_rank_{r}").read_bytes()) for r in range(job.world_size)}
+    return {r: loads_plain_pickle((tmp_path / name / f"nccl_trace_rank_{r}").read_bytes()) for r in range(job.world_size)}
 
 
 @pytest.mark.parametrize("fault", ["none", "not_joined", "wrong_peer"])
@@ -50,7 +50,7 @@ def test_objects_are_shared_like_the_writer(tmp_path):
     """The C++ pickler memoizes strings and frame dicts but writes each entry's lists and tuples afresh
     (fixtures/writer_sharing, recorded with torch 2.13): the generated dumps must do the same, or they load
     faster than real ones and the benchmarks flatter the reader."""
-    real = pickle.loads((FIXTURES / "writer_sharing" / "nccl_trace_rank_0").read_bytes())
+    real = loads_plain_pickle((FIXTURES / "writer_sharing" / "nccl_trace_rank_0").read_bytes())
     assert _sharing(real) == {"process_group": False, "input_sizes": False, "output_sizes": False,
                               "input_dtypes": False, "output_dtypes": False, "frames": False,
                               "input_sizes[0]": False, "profiling_name": True, "state": True,
@@ -63,3 +63,18 @@ def test_ring_buffer_keeps_last_k(tmp_path):
     dump = _dumps(tmp_path, synth.Job(tp=2, pp=2, dp=1, steps=10, buffer_size=25), "j")[0]
     ids = [e["record_id"] for e in dump["entries"]]
     assert len(ids) == 25 and ids == list(range(ids[0], ids[0] + 25)) and ids[0] > 0
+
+
+def test_a_replicated_step_completes_each_collective_at_one_instant(tmp_path, monkeypatch):
+    """A collective ends when its last member arrives, on every member at once. The replicated steps used to
+    end it at each member's own arrival + a constant: up to 12 ms apart across pipeline stages, which the
+    clock-offset rounds read as skew and chased for 40 rounds at 16K ranks."""
+    monkeypatch.setattr(synth, "_SIMULATE_ALL_BELOW", 0)
+    job = synth.Job(tp=2, pp=3, dp=2, steps=12, buffer_size=60, fault=synth.Fault(kind="not_joined", rank=4))
+    ends: dict[tuple, set] = {}
+    for dump in _dumps(tmp_path, job, "fast").values():
+        for e in dump["entries"]:
+            # (a batch of sends and receives ends with its own partners: not one instant for the pipeline)
+            if e["state"] == "completed" and not e["is_p2p"] and not e["profiling_name"].endswith("coalesced"):
+                ends.setdefault((e["process_group"][0], e["collective_seq_id"]), set()).add(e["time_discovered_completed_ns"])
+    assert len(ends) > 50 and all(len(v) == 1 for v in ends.values())
