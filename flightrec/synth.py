@@ -372,6 +372,7 @@ class _Sim:
 
 
 _T0 = 1_700_000_000_000_000_000
+_WATCHDOG_NS = 100_000_000   # ProcessGroupNCCL::kWatchdogThreadSleepMillis
 _OP_NS = 3_000_000
 _SIMULATE_ALL_BELOW = 2_000             # world_size x steps: small jobs are simulated whole
 _TIMING_FAULTS = ("straggler", "straggler_host", "slow_link", "clock_offset")
@@ -428,6 +429,15 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
     offset = int(job.fault.offset_ms * 1e6) if job.fault.kind == "clock_offset" and job.host_of(rank) in job.fault.hosts else 0
     threads = _version_minor(job.version) >= 9
     static: dict[int, dict] = {}
+    # The watchdog thread, not the GPU, stamps "discovered" times: it polls every kWatchdogThreadSleepMillis
+    # (100 ms), so a start or completion is seen up to 100 ms late, at the polling phase of the group's
+    # watchdog on this rank (one thread per process group).
+    phases: dict[str, int] = {}
+
+    def discovered(t: int, g: _Group) -> int:
+        if g.name not in phases:
+            phases[g.name] = random.Random(f"{job.seed}/{rank}/{g.name}").randrange(_WATCHDOG_NS)
+        return t + (phases[g.name] - t) % _WATCHDOG_NS + offset
 
     def fixed(piece: _Op, g: _Group, is_p2p: bool) -> dict:
         key = id(piece)
@@ -474,9 +484,9 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
                 "op_id": op_ids[g.name],
                 "time_created_ns": rec["created"] + offset,
                 "state": state,
-                "time_discovered_started_ns": (rec.get("started", rec["created"]) + offset)
+                "time_discovered_started_ns": discovered(rec.get("started", rec["created"]), g)
                 if job.timing and closer_or_coll else None,
-                "time_discovered_completed_ns": rec["done"] + offset if done and closer_or_coll else None,
+                "time_discovered_completed_ns": discovered(rec["done"], g) if done and closer_or_coll else None,
                 "retired": done and closer_or_coll,
             })
             if job.timing and closer_or_coll and done:
