@@ -154,13 +154,13 @@ def slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
             .select(empty.columns).sort("a", "b"))
 
 
-def drop_link_echoes(per_host: pl.DataFrame, speeds: pl.DataFrame, slow: pl.DataFrame,
-                      threshold: float) -> pl.DataFrame:
-    """Late hosts that wait on a slow point-to-point link are not stragglers: its ends, and the hosts joined to
-    them by sends and receives through hosts that are late too (median over half the threshold: the stages
-    before and after the link wait on it), unless later than the link's latest end (by more than `_TIE`): a
-    host that waits on the link is no later than the link makes its ends. A late host joined to the link only
-    through on-time hosts (another pipeline, when hosts hold stages of several) is still named."""
+def waiting_on_links(per_host: pl.DataFrame, speeds: pl.DataFrame, slow: pl.DataFrame, threshold: float) -> list[str]:
+    """The hosts that wait on a slow point-to-point link, so whose lateness (or their ranks') is the link's
+    echo: its ends, and the hosts joined to them by sends and receives through hosts that are late too (median
+    over half the threshold: the stages before and after the link wait on it), unless later than the link's
+    latest end (by more than `_TIE`): a host that waits on the link is no later than the link makes its ends.
+    A late host joined to the link only through on-time hosts (another pipeline, when hosts hold stages of
+    several) is not waiting on it."""
     ends = set(slow["a"].to_list()) | set(slow["b"].to_list())
     late_ms = dict(per_host.select(pl.col("host").cast(pl.String), "median_late_ms").iter_rows())
     nodes = ends | {h for h, ms in late_ms.items() if ms is not None and ms > threshold / 2}
@@ -173,7 +173,13 @@ def drop_link_echoes(per_host: pl.DataFrame, speeds: pl.DataFrame, slow: pl.Data
         if component & ends:
             latest_end = max((late_ms.get(h) or 0.0) for h in component & ends)
             waiting |= {h for h in component if (late_ms.get(h) or 0.0) * _TIE <= latest_end}
-    return per_host.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(list(waiting)))
+    return sorted(waiting)
+
+
+def drop_link_echoes(frame: pl.DataFrame, waiting: list[str]) -> pl.DataFrame:
+    """`frame` (per_rank or per_host) with no straggler on a host that waits on a slow link (`waiting_on_links`):
+    the ranks at a slow link's ends arrive late at their next collectives, beside on-time peers."""
+    return frame.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(waiting).fill_null(False))
 
 
 def hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:

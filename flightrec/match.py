@@ -139,7 +139,7 @@ _ONE_ENTRY = [
     pl.col("input_numel").fill_null(0), pl.col("output_numel").fill_null(0),   # (sums below skip nulls)
     pl.col("state"), pl.col("retired").fill_null(True), pl.col("record_id"), pl.col("stack_id"),
     pl.col("time_created_ns"), pl.col("time_completed_ns"), pl.col("tracks_completion"), pl.col("pg_id"),
-    pl.col("timeout_ms"),
+    pl.col("timeout_ms"), pl.col("duration_ms"),
 ]
 # ... and over a run of such rows. A coalesced batch of collectives shares one seq: its last entry (the closer)
 # carries the state; its members' shapes are summed so the batch is compared as one unit.
@@ -152,6 +152,7 @@ _RUN_AGGS = [
     pl.col("state").last(), pl.col("retired").all(), pl.col("record_id").min(), pl.col("stack_id").first(),
     pl.col("time_created_ns").min(), pl.col("time_completed_ns").max(),
     pl.col("tracks_completion").first(), pl.col("pg_id").first(), pl.col("timeout_ms").max(),
+    pl.col("duration_ms").max(),
 ]
 
 

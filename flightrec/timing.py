@@ -59,25 +59,62 @@ class TimingResult:
     slow_p2p_links: pl.DataFrame | None = None
 
 
-def clock_offsets(units: pl.DataFrame, n_hosts: int, rounds: int = 2) -> pl.Series:
+_P2P_OPS = ["send", "recv", "coalesced"]
+WATCHDOG_POLL_MS = 100.0   # ProcessGroupNCCL's kWatchdogThreadSleepMillis: completion times are this coarse
+
+
+def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, max_rounds: int = 40,
+                  significance: float = 3.0) -> pl.Series:
     """Per host (by the window's dense host index `_h`), how far its clock is ahead, from completion times (a
-    collective ends at one instant on every member). Solved by a few rounds of: offset += median deviation from
-    the collective's corrected median. Only differences between hosts matter: centred on zero. Null for hosts
-    without a completed cross-host collective. `units` are the windowed units of `analyze_timing`."""
-    done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & pl.col("_h").is_not_null())
+    collective ends at one instant on every member). Solved by rounds of: offset += median deviation from the
+    collective's corrected median, until no host moves by `tolerance_ms`. In a collective of two hosts the
+    median is their midpoint, so each round halves the error: a 5 s offset takes ~16 rounds (on small data),
+    and a fixed two rounds left 300 ms, enough to name the host a straggler. Where collectives span many hosts
+    the median ignores the odd one out and one or two rounds do. Only differences between hosts matter:
+    centred on zero. Null for hosts without a completed cross-host collective. `units` are the windowed units
+    of `analyze_timing`.
+
+    The recorder's completion times are the NCCL watchdog's: it polls every 100 ms, so each is up to 100 ms
+    late, by an amount that depends on the rank's polling phase. With a few dozen of them a host's estimate is
+    off by several ms, and taking their median instead of their mean by up to 50: as much as the lateness that
+    makes a straggler. An offset within `significance` standard errors of zero, or under half a poll, is not
+    told from that noise and is 0: a synchronised clock is the likelier answer (NTP keeps them within a few
+    ms). A clock 20-50 ms off can then read as a late host."""
+    # (not sends and receives, batched or not: a send can complete before its receive, every time, and the
+    # rounds would turn that into offsets growing along the pipeline)
+    done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & pl.col("_h").is_not_null()
+                                & ~pl.col("op").is_in(_P2P_OPS))
             .select("_inst", "_h", (pl.col("time_completed_ns") / 1e6).alias("_ms")).collect())
     offsets = pl.Series("clock_offset_ms", [0.0] * n_hosts, dtype=pl.Float64)
     if done.height == 0:
         return offsets.clear(n_hosts)
-    for i in range(rounds):
+    for i in range(max_rounds):
         # offsets are read per row by position (the dense host index), not joined: the window is long
         ms = pl.col("_ms") if i == 0 else pl.col("_ms") - pl.lit(offsets).gather(pl.col("_h"))
         dev = done.with_columns(ms.alias("_c")).with_columns((pl.col("_c") - pl.col("_c").median().over("_inst")).alias("_d"))
-        step = dev.group_by("_h").agg(pl.col("_d").median().alias("_step"))
+        # Far off, the median step. Within a polling period, the mean of the deviations near the median: two
+        # ranks' watchdog lags differ by a fixed phase d or by d - 100 ms, whichever side of a poll the
+        # collective ends, so the median is off by up to 50 ms while the mean is not; further out is not lag.
+        median = pl.col("_d").median()
+        near = pl.col("_d").filter((pl.col("_d") - median).abs() <= WATCHDOG_POLL_MS)
+        # Its standard error: at least the lag's own (uniform over a poll: 100 / sqrt(12) ms) over the host's
+        # collectives, for a handful of deviations can agree by chance, its ranks' phases being fixed.
+        step = dev.group_by("_h").agg(
+            pl.when(median.abs() > WATCHDOG_POLL_MS).then(median)
+            .otherwise(near.mean().fill_null(median)).alias("_step"),
+            pl.max_horizontal(near.std().fill_null(0.0) / near.len().sqrt(),
+                              WATCHDOG_POLL_MS / 12 ** 0.5 / pl.col("_inst").n_unique().sqrt()).alias("_se"))
         offsets = offsets.scatter(step["_h"], offsets.gather(step["_h"]) + step["_step"])
-    known = done["_h"].unique()
-    centre = offsets.gather(known).median() or 0.0
-    return pl.Series("clock_offset_ms", [None] * n_hosts, dtype=pl.Float64).scatter(known, offsets.gather(known) - centre)
+        if (step["_step"].abs().max() or 0.0) < tolerance_ms:
+            break
+    # (a host's own offset, not a midpoint: between two hosts the whole difference is the one to test)
+    centre = offsets.gather(step["_h"]).quantile(0.5, "lower") or 0.0
+    centred = offsets.gather(step["_h"]) - centre
+    # (and at least half a poll: with steps of a regular length the lags repeat step after step, so the
+    # deviations are fewer independent draws than they look, and a pair of hosts' phases bias them by up to 50)
+    significant = (centred.abs() > significance * step["_se"]) & (centred.abs() > WATCHDOG_POLL_MS / 2)
+    return (pl.Series("clock_offset_ms", [None] * n_hosts, dtype=pl.Float64)
+            .scatter(step["_h"], centred.zip_with(significant, pl.Series([0.0] * len(centred)))))
 
 
 def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
@@ -91,11 +128,24 @@ def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
             .collect())
 
 
-def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, float]:
-    """Per rank and per host lateness, with a significance threshold from everyone's spread."""
-    med_all = late["late_ms"].median() or 0.0
-    mad = (late["late_ms"] - med_all).abs().median() or 0.0
-    threshold = max(opts.min_late_ms, med_all + opts.spread_factor * 1.4826 * mad)
+def stragglers(late: pl.DataFrame, opts: TimingOptions,
+               skewed_hosts: list[str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame, float]:
+    """Per rank and per host lateness, with a significance threshold from everyone's spread. `skewed_hosts`:
+    hosts whose clock offset was removed; the estimate is only good to the watchdog's noise, so their ranks
+    must be late by half a poll more (a host 500 ms off, estimated 479, is not 21 ms late)."""
+    threshold = _threshold(late["late_ms"], opts)
+    if threshold > opts.min_late_ms:
+        # The spread decides, and the late ones' own rows widen it: in a job of a few ranks a straggler and the
+        # pipeline neighbours that wait on it are a third of all rows, and none stands out. Without each
+        # collective's latest arrival the spread is the punctual members' (on time, they wait together).
+        latest = pl.col("late_ms").max().over("group", "collective_seq_id")
+        punctual = late.lazy().filter((pl.col("late_ms") < latest) | (latest <= 0)).select("late_ms").collect()
+        if punctual.height:
+            threshold = min(threshold, _threshold(punctual["late_ms"], opts))
+    bar = pl.lit(threshold)
+    if skewed_hosts:
+        skewed = pl.col("host").cast(pl.String).is_in(skewed_hosts)
+        bar = pl.when(skewed).then(threshold + WATCHDOG_POLL_MS / 2).otherwise(bar)
     # The window keeps the units' rank order: flagged sorted, per-rank groups are slices, not hashed (3x faster).
     by_rank = late.with_columns(pl.col("rank").set_sorted()) if late["rank"].is_sorted() else late
     per_rank = (
@@ -105,7 +155,7 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
             pl.col("late_ms").median().alias("median_late_ms"),
             (pl.col("late_ms") > threshold / 2).mean().alias("late_fraction"),
         )
-        .with_columns(((pl.col("median_late_ms") > threshold) & (pl.col("late_fraction") >= opts.min_late_fraction)
+        .with_columns(((pl.col("median_late_ms") > bar) & (pl.col("late_fraction") >= opts.min_late_fraction)
                        & (pl.col("n") >= opts.min_collectives)).alias("straggler"))
         .sort("rank")
     )
@@ -117,7 +167,7 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
             pl.col("late_ms").median().alias("median_late_ms"),
             (pl.col("late_ms") > threshold / 2).mean().alias("late_fraction"),
         )
-        .with_columns(((pl.col("median_late_ms") > threshold) & (pl.col("late_fraction") >= opts.min_late_fraction)
+        .with_columns(((pl.col("median_late_ms") > bar) & (pl.col("late_fraction") >= opts.min_late_fraction)
                        & (pl.col("n") >= opts.min_collectives) & (pl.col("ranks").list.len() > 1)).alias("straggler"))
         .select("host", "ranks", "median_late_ms", "straggler")
         .sort("host")
@@ -126,15 +176,30 @@ def stragglers(late: pl.DataFrame, opts: TimingOptions) -> tuple[pl.DataFrame, p
     return per_rank, per_host, threshold
 
 
+def _threshold(late_ms: pl.Series, opts: TimingOptions) -> float:
+    """Lateness significant against `late_ms`' robust spread (median + `spread_factor` x MAD as a sigma), and
+    at least `min_late_ms`."""
+    med = late_ms.median() or 0.0
+    mad = (late_ms - med).abs().median() or 0.0
+    return max(opts.min_late_ms, med + opts.spread_factor * 1.4826 * mad)
+
+
 def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Per group and op: median time, the peers' baseline, and `slow` when `slow_factor` x longer than the same
     op and shapes in peer groups. Groups without peers are not judged."""
-    # the collective's own time: from the last member's arrival to the completion (waiting is not slowness)
-    per_inst = (units.lazy()
-                .filter(pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
-                .group_by("_inst")
+    # The collective's own time (waiting is not slowness). With NCCL timing on: the shortest member's
+    # `duration_ms`, GPU events around the kernel, so the last to arrive, which waited for no one. Without:
+    # from the last member's arrival to the completion, as the watchdog saw it, up to a poll late; then a group
+    # must be slower than its peers by half a poll as well, or that noise reads as slow groups.
+    timed = units["duration_ms"].null_count() < units.height
+    own_time = (pl.col("duration_ms").min().cast(pl.Float64) if timed else
+                (pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6)
+    have = (pl.col("duration_ms").is_not_null() if timed else
+            pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
+    min_slow_ms = opts.min_slow_ms if timed else max(opts.min_slow_ms, WATCHDOG_POLL_MS / 2)
+    per_inst = (units.lazy().filter(have).group_by("_inst")
                 .agg(pl.col("group").first(), pl.col("op").first(), pl.col("input_sizes").first().alias("_shape"),
-                     ((pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6).alias("ms"))
+                     own_time.alias("ms"))
                 .collect())
     if per_inst.height == 0:
         return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
@@ -148,7 +213,7 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
     return (per_group.filter(pl.col("_peers") >= 2)
             .with_columns((pl.col("median_ms") / pl.col("peer_median_ms")).alias("ratio"))
             .with_columns(((pl.col("ratio") >= opts.slow_factor)
-                           & (pl.col("median_ms") - pl.col("peer_median_ms") >= opts.min_slow_ms)).alias("slow"))
+                           & (pl.col("median_ms") - pl.col("peer_median_ms") >= min_slow_ms)).alias("slow"))
             .select("group", pl.col("op").cast(pl.String), "median_ms", "peer_median_ms", "ratio", "slow")
             .sort("group", "op"))
 
@@ -217,7 +282,7 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
     by_group = lookup.by_position(top, int(top["_g"].max() or 0) + 1)
     return (units.lazy()
             .select("group", "collective_seq_id", "rank", "op", "input_sizes", "time_created_ns",
-                    "time_completed_ns", "timeout_ms")
+                    "time_completed_ns", "timeout_ms", "duration_ms")
             .filter(pl.col("collective_seq_id") > lookup.read(by_group, "_top", gid) - opts.window)
             .with_columns(lookup.read(by_group, "cross", gid).alias("cross"),
                           lookup.read(by_rank, "host", pl.col("rank")).alias("host"),
@@ -237,7 +302,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     offsets = (host_ids.with_columns(by_host.gather(host_ids["_h"]).alias("clock_offset_ms"))
                .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
     late = lateness(units, by_host)
-    per_rank, per_host, threshold = stragglers(late, opts)
+    skewed = offsets.filter(pl.col("clock_offset_ms") != 0)["host"].cast(pl.String).to_list()
+    per_rank, per_host, threshold = stragglers(late, opts, skewed)
     per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts)
     per_rank, per_host = echoes.drop_pipeline_echoes(per_rank, per_host, entries, topo)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
@@ -245,11 +311,12 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     if per_rank["straggler"].any():
         per_host = echoes.hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
     slow_p2p = None
-    if per_host["straggler"].any() and entries is not None:
+    if (per_host["straggler"].any() or per_rank["straggler"].any()) and entries is not None:
         speeds = echoes.p2p_link_speeds(entries, topo)
         slow_p2p = echoes.slow_p2p_links(speeds, opts)
         if slow_p2p.height:
-            per_host = echoes.drop_link_echoes(per_host, speeds, slow_p2p, threshold)
+            waiting = echoes.waiting_on_links(per_host, speeds, slow_p2p, threshold)
+            per_host, per_rank = echoes.drop_link_echoes(per_host, waiting), echoes.drop_link_echoes(per_rank, waiting)
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(
