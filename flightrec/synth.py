@@ -25,7 +25,7 @@ from pathlib import Path
 from .synth_stacks import STACKS as _STACKS
 
 # Bump when the bytes generated for a job change: the benchmarks cache generated jobs under this version.
-DUMP_LAYOUT = 4
+DUMP_LAYOUT = 5
 
 FAULT_KINDS = (
     "none", "not_joined", "missing_dump", "host_down", "size_mismatch", "type_mismatch", "dtype_mismatch",
