@@ -97,16 +97,17 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
         # collective ends, so the median is off by up to 50 ms while the mean is not; further out is not lag.
         median = pl.col("_d").median()
         near = pl.col("_d").filter((pl.col("_d") - median).abs() <= WATCHDOG_POLL_MS)
-        # Its standard error: at least the lag's own (uniform over a poll: 100 / sqrt(12) ms) over the host's
-        # collectives, for a handful of deviations can agree by chance, its ranks' phases being fixed.
         step = dev.group_by("_h").agg(
             pl.when(median.abs() > WATCHDOG_POLL_MS).then(median)
-            .otherwise(near.mean().fill_null(median)).alias("_step"),
-            pl.max_horizontal(near.std().fill_null(0.0) / near.len().sqrt(),
-                              WATCHDOG_POLL_MS / 12 ** 0.5 / pl.col("_inst").n_unique().sqrt()).alias("_se"))
+            .otherwise(near.mean().fill_null(median)).alias("_step"))
         offsets = offsets.scatter(step["_h"], offsets.gather(step["_h"]) + step["_step"])
         if (step["_step"].abs().max() or 0.0) < tolerance_ms:
             break
+    # The estimate's standard error: at least the lag's own (uniform over a poll: 100 / sqrt(12) ms) over the
+    # host's collectives, for a handful of deviations can agree by chance, its ranks' phases being fixed.
+    step = dev.group_by("_h").agg(pl.max_horizontal(
+        near.std().fill_null(0.0) / near.len().sqrt(),
+        WATCHDOG_POLL_MS / 12 ** 0.5 / pl.col("_inst").n_unique().sqrt()).alias("_se"))
     # (a host's own offset, not a midpoint: between two hosts the whole difference is the one to test)
     centre = offsets.gather(step["_h"]).quantile(0.5, "lower") or 0.0
     centred = offsets.gather(step["_h"]) - centre
