@@ -431,7 +431,8 @@ def lateness_table(result: TimingResult, top: int = 20) -> str:
     """Text for `flightrec timing`: the latest ranks, the hosts, clock offsets, slow groups and host pairs."""
     from .views import text_table
 
-    parts = [f"Lateness threshold: {result.threshold_ms:,.1f} ms (median + spread of all ranks, at least the minimum)",
+    parts = [f"Lateness threshold: {result.threshold_ms:,.1f} ms (median + 5 x spread of all ranks' lateness, or of the "
+             "punctual ones' when smaller; at least the minimum)",
              "", "Ranks, latest first:"]
     ranks = (result.per_rank.sort("median_late_ms", descending=True).head(top)
              .select("rank", "host", "n", pl.col("median_late_ms").round(2), pl.col("late_fraction").round(2),
