@@ -27,7 +27,8 @@ from .topology import Topology
 @dataclass(frozen=True, kw_only=True)
 class TimingOptions:
     """Thresholds. A straggler must be late by at least `min_late_ms` and by `spread_factor` times the robust
-    spread of everyone's lateness, on at least `min_late_fraction` of its collectives (`min_collectives`+)."""
+    spread of everyone's lateness (or of the punctual members', when smaller), on at least `min_late_fraction`
+    of its collectives (`min_collectives`+)."""
 
     min_late_ms: float = 20.0
     spread_factor: float = 5.0
@@ -54,8 +55,8 @@ class TimingResult:
     slow_hosts: list[str]
     slow_links: list[list[str]]
     threshold_ms: float
-    # host pairs whose sends and receives are slow at both ends (checked for late hosts only): a, b, a_ms, b_ms,
-    # baseline_ms
+    # host pairs whose sends and receives are slow at both ends (checked when hosts are late, or ranks: then
+    # only pairs with a late rank at both ends): a, b, a_ms, b_ms, baseline_ms
     slow_p2p_links: pl.DataFrame | None = None
 
 
@@ -68,9 +69,9 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
     """Per host (by the window's dense host index `_h`), how far its clock is ahead, from completion times (a
     collective ends at one instant on every member). Solved by rounds of: offset += median deviation from the
     collective's corrected median, until no host moves by `tolerance_ms`. In a collective of two hosts the
-    median is their midpoint, so each round halves the error: a 5 s offset takes ~16 rounds (on small data),
-    and a fixed two rounds left 300 ms, enough to name the host a straggler. Where collectives span many hosts
-    the median ignores the odd one out and one or two rounds do. Only differences between hosts matter:
+    median is their midpoint: a host that meets several others in pairs moves part of the way each round, and
+    a fixed two rounds left 312 ms of a 5 s offset, enough to name the host a straggler. Where collectives span
+    many hosts the median ignores the odd one out and one or two rounds do. Only differences between hosts matter:
     centred on zero. Null for hosts without a completed cross-host collective. `units` are the windowed units
     of `analyze_timing`.
 
@@ -79,7 +80,9 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
     off by several ms, and taking their median instead of their mean by up to 50: as much as the lateness that
     makes a straggler. An offset within `significance` standard errors of zero, or under half a poll, is not
     told from that noise and is 0: a synchronised clock is the likelier answer (NTP keeps them within a few
-    ms). A clock 20-50 ms off can then read as a late host."""
+    ms). In practice the half poll decides: the standard error is larger only for a host with three or fewer
+    collectives. A clock up to ~50-60 ms off (or estimated under 50) is then kept, and can read as a late
+    host."""
     # (not sends and receives, batched or not: a send can complete before its receive, every time, and the
     # rounds would turn that into offsets growing along the pipeline)
     done = (units.lazy().filter(pl.col("cross") & pl.col("time_completed_ns").is_not_null() & pl.col("_h").is_not_null()
@@ -88,7 +91,7 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
     offsets = pl.Series("clock_offset_ms", [0.0] * n_hosts, dtype=pl.Float64)
     if done.height == 0:
         return offsets.clear(n_hosts)
-    for i in range(max_rounds):
+    for i in range(max(1, max_rounds)):
         # offsets are read per row by position (the dense host index), not joined: the window is long
         ms = pl.col("_ms") if i == 0 else pl.col("_ms") - pl.lit(offsets).gather(pl.col("_h"))
         dev = done.with_columns(ms.alias("_c")).with_columns((pl.col("_c") - pl.col("_c").median().over("_inst")).alias("_d"))
@@ -130,23 +133,23 @@ def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
 
 
 def stragglers(late: pl.DataFrame, opts: TimingOptions,
-               skewed_hosts: list[str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame, float]:
-    """Per rank and per host lateness, with a significance threshold from everyone's spread. `skewed_hosts`:
-    hosts whose clock offset was removed; the estimate is only good to the watchdog's noise, so their ranks
-    must be late by half a poll more (a host 500 ms off, estimated 479, is not 21 ms late)."""
+               skewed: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, float]:
+    """Per rank and per host lateness, with a significance threshold from everyone's spread, or the punctual
+    members' when smaller. `skewed`: a clock offset was removed; the estimate is only good to the watchdog's
+    noise, so every rank must be late by half a poll more (a host 500 ms off, estimated 479, is not 21 ms late;
+    estimated 522, its partners in collectives would be 22 ms late)."""
     threshold = _threshold(late["late_ms"], opts)
     if threshold > opts.min_late_ms:
         # The spread decides, and the late ones' own rows widen it: in a job of a few ranks a straggler and the
         # pipeline neighbours that wait on it are a third of all rows, and none stands out. Without each
-        # collective's latest arrival the spread is the punctual members' (on time, they wait together).
+        # collective's latest arrival the spread is the punctual members' (on time, they wait together). (Of
+        # two members that leaves the first's zeros: the threshold is then the minimum, and the late-fraction
+        # rule keeps symmetric noise out: no straggler in 320 random healthy, offset or slow-link jobs.)
         latest = pl.col("late_ms").max().over("group", "collective_seq_id")
         punctual = late.lazy().filter((pl.col("late_ms") < latest) | (latest <= 0)).select("late_ms").collect()
         if punctual.height:
             threshold = min(threshold, _threshold(punctual["late_ms"], opts))
-    bar = pl.lit(threshold)
-    if skewed_hosts:
-        skewed = pl.col("host").cast(pl.String).is_in(skewed_hosts)
-        bar = pl.when(skewed).then(threshold + WATCHDOG_POLL_MS / 2).otherwise(bar)
+    bar = threshold + (WATCHDOG_POLL_MS / 2 if skewed else 0.0)
     # The window keeps the units' rank order: flagged sorted, per-rank groups are slices, not hashed (3x faster).
     by_rank = late.with_columns(pl.col("rank").set_sorted()) if late["rank"].is_sorted() else late
     per_rank = (
@@ -188,16 +191,17 @@ def _threshold(late_ms: pl.Series, opts: TimingOptions) -> float:
 def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Per group and op: median time, the peers' baseline, and `slow` when `slow_factor` x longer than the same
     op and shapes in peer groups. Groups without peers are not judged."""
-    # The collective's own time (waiting is not slowness). With NCCL timing on: the shortest member's
-    # `duration_ms`, GPU events around the kernel, so the last to arrive, which waited for no one. Without:
-    # from the last member's arrival to the completion, as the watchdog saw it, up to a poll late; then a group
-    # must be slower than its peers by half a poll as well, or that noise reads as slow groups.
+    # The collective's own time (waiting is not slowness): its shortest member's, the last to arrive, which
+    # waited for no one. With NCCL timing on, `duration_ms` (GPU events around the kernel). Without, from
+    # enqueue to completion on the member's own clock (no offsets to remove), as its watchdog saw it, up to a
+    # poll late and pinned by the poll's phase when steps are regular: then a group must be slower than its
+    # peers by a whole poll as well, or that noise reads as slow groups.
     timed = units["duration_ms"].null_count() < units.height
-    own_time = (pl.col("duration_ms").min().cast(pl.Float64) if timed else
-                (pl.col("time_completed_ns").max() - pl.col("time_created_ns").max()) / 1e6)
+    own_time = (pl.col("duration_ms").cast(pl.Float64) if timed else
+                (pl.col("time_completed_ns") - pl.col("time_created_ns")) / 1e6).min()
     have = (pl.col("duration_ms").is_not_null() if timed else
             pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
-    min_slow_ms = opts.min_slow_ms if timed else max(opts.min_slow_ms, WATCHDOG_POLL_MS / 2)
+    min_slow_ms = opts.min_slow_ms if timed else max(opts.min_slow_ms, WATCHDOG_POLL_MS)
     per_inst = (units.lazy().filter(have).group_by("_inst")
                 .agg(pl.col("group").first(), pl.col("op").first(), pl.col("input_sizes").first().alias("_shape"),
                      own_time.alias("ms"))
@@ -303,8 +307,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     offsets = (host_ids.with_columns(by_host.gather(host_ids["_h"]).alias("clock_offset_ms"))
                .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
     late = lateness(units, by_host)
-    skewed = offsets.filter(pl.col("clock_offset_ms") != 0)["host"].cast(pl.String).to_list()
-    per_rank, per_host, threshold = stragglers(late, opts, skewed)
+    per_rank, per_host, threshold = stragglers(late, opts, skewed=(offsets["clock_offset_ms"] != 0).any())
     per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts)
     per_rank, per_host = echoes.drop_pipeline_echoes(per_rank, per_host, entries, topo)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
@@ -312,12 +315,23 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     if per_rank["straggler"].any():
         per_host = echoes.hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
     slow_p2p = None
-    if (per_host["straggler"].any() or per_rank["straggler"].any()) and entries is not None:
+    if per_host["straggler"].any() and entries is not None:
         speeds = echoes.p2p_link_speeds(entries, topo)
         slow_p2p = echoes.slow_p2p_links(speeds, opts)
         if slow_p2p.height:
             waiting = echoes.waiting_on_links(per_host, speeds, slow_p2p, threshold)
             per_host, per_rank = echoes.drop_link_echoes(per_host, waiting), echoes.drop_link_echoes(per_rank, waiting)
+    elif per_rank["straggler"].any() and entries is not None:
+        # Only ranks are late: the two ends of a slow link between pipeline stages are (its ends wait on it).
+        # But so are two ranks that both wait on a straggler (its tensor-parallel peer and that peer's pipeline
+        # neighbour): their pair is slow at both ends too. A slow pair counts only with a flagged rank at both
+        # ends, and clears only the flagged ranks at its ends.
+        speeds = echoes.p2p_link_speeds(entries, topo)
+        flagged_hosts = per_rank.filter(pl.col("straggler"))["host"].cast(pl.String).drop_nulls().to_list()
+        slow_p2p = echoes.slow_p2p_links(speeds, opts).filter(
+            pl.col("a").is_in(flagged_hosts) & pl.col("b").is_in(flagged_hosts))
+        if slow_p2p.height:
+            per_rank = echoes.drop_link_echoes(per_rank, sorted(set(slow_p2p["a"]) | set(slow_p2p["b"])))
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(

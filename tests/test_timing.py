@@ -116,6 +116,12 @@ def test_a_large_clock_offset_is_removed_in_full_when_hosts_meet_in_pairs(make_j
               fault=synth.Fault(kind="clock_offset", hosts=("node00001",), offset_ms=100)),
     synth.Job(tp=1, pp=1, dp=2, steps=6, microbatches=4, ranks_per_host=1, timing=True, seed=261442,
               fault=synth.Fault(kind="clock_offset", hosts=("node00001",), offset_ms=100)),
+    # estimated 122 ms: node00003, which meets node00001 in data-parallel groups, read 22 ms late
+    synth.Job(tp=2, pp=2, dp=2, steps=10, microbatches=3, ranks_per_host=2, timing=True, seed=898653,
+              fault=synth.Fault(kind="clock_offset", hosts=("node00001",), offset_ms=100)),
+    # untimed: slow groups from the last arrival to the completion mixed hosts' clocks and one watchdog's lag
+    synth.Job(tp=2, pp=2, dp=4, steps=10, microbatches=3, ranks_per_host=2, timing=False, seed=509319,
+              fault=synth.Fault(kind="clock_offset", hosts=("node00001",), offset_ms=1000)),
 ])
 def test_the_watchdogs_coarse_completion_times_make_no_straggler(make_job, job):
     """Completion times are stamped by each group's watchdog at its next 100 ms poll, by the phase of its
@@ -123,14 +129,52 @@ def test_the_watchdogs_coarse_completion_times_make_no_straggler(make_job, job):
     taken as clock offsets and removed, they named healthy hosts 20-35 ms late (the first two jobs). A real
     offset is only known to that noise (100 ms estimated as 91-97), and between two hosts it was halved around
     their midpoint and not removed (the last). Now: the mean near the median; offsets under half a poll or 3
-    standard errors are none; centred on a host's own offset; a host whose offset was removed must be late by
-    half a poll more. Without these, 51 of 160 random healthy, clock-offset and slow-link jobs named a
-    straggler."""
+    standard errors are none; centred on a host's own offset; once an offset was removed, every rank must be
+    late by half a poll more; untimed slow groups are measured per member on its own clock and must be a whole
+    poll slower. Without these, 51 of 160 random healthy, clock-offset and slow-link jobs named a straggler."""
     out, _ = make_job(job, per_host_folders=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         report = analyze(out, use_cache=False)
     assert _timing_findings(report) == [] and report.verdict == "healthy"
+
+
+@pytest.mark.parametrize("job, want", [
+    # the straggler's tensor-parallel peer (8) and that peer's pipeline neighbour (10) both wait on it: their
+    # sends and receives are slow at both ends, and were reported as a slow link beside the straggler
+    (synth.Job(tp=2, pp=3, dp=4, steps=10, microbatches=1, layers=2, ranks_per_host=1, timing=True, seed=347094,
+               fault=synth.Fault(kind="straggler", rank=9, delay_ms=400)), [("straggler", [9], ["node00009"], [])]),
+    # untimed: watchdog lag read as slow groups 9 and 10 (90 ms against 29) and a slow link node00000 <-> 2
+    (synth.Job(tp=2, pp=2, dp=2, steps=10, microbatches=3, layers=2, ranks_per_host=2, timing=False, seed=918227,
+               fault=synth.Fault(kind="straggler", rank=0, delay_ms=150)), [("straggler", [0], ["node00000"], [])]),
+])
+def test_ranks_waiting_on_a_straggler_make_no_slow_link(make_job, job, want):
+    out, _ = make_job(job, per_host_folders=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False)
+    assert _timing_findings(report) == want
+
+
+def test_slow_groups_are_judged_on_gpu_durations_when_timed():
+    """With NCCL timing on, a collective's own time is its shortest member's `duration_ms` (GPU events), not
+    the watchdog-stamped span: here the spans say group b is slow (a late poll), the durations say group c."""
+    from flightrec.timing import group_speeds
+
+    rows = []
+    for g, span_ms, dur_ms in [("a", 10, 10.0), ("b", 110, 10.0), ("c", 10, 160.0), ("d", 10, 10.0)]:
+        for seq in range(6):
+            for rank in range(2):
+                t0 = seq * 10**9
+                rows.append({"_inst": f"{g}{seq}", "group": g, "op": "all_reduce", "input_sizes": "[[8]]",
+                             "time_created_ns": t0, "time_completed_ns": t0 + span_ms * 10**6, "duration_ms": dur_ms})
+    units = pl.DataFrame(rows).with_columns(pl.col("group").cast(pl.Categorical), pl.col("duration_ms").cast(pl.Float32))
+    groups = pl.DataFrame({"group": ["a", "b", "c", "d"], "pg_desc": ["dp"] * 4}).with_columns(
+        pl.col("group").cast(pl.Categorical))
+    timed = group_speeds(units, groups, TimingOptions())
+    assert timed.filter(pl.col("slow"))["group"].cast(pl.String).to_list() == ["c"]
+    untimed = group_speeds(units.with_columns(pl.lit(None, pl.Float32).alias("duration_ms")), groups, TimingOptions())
+    assert untimed.filter(pl.col("slow"))["group"].cast(pl.String).to_list() == ["b"]
 
 
 def test_late_hosts_without_traffic_between_them_are_each_named():
