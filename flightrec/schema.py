@@ -24,6 +24,9 @@ OPS = (
     "all_gather_coalesced", "reduce_scatter_coalesced", "unknown",
 )
 P2P_OPS = ("send", "recv")
+# The NCCL watchdog stamps the "discovered" start and completion times when it next polls, every
+# kWatchdogThreadSleepMillis (FlightRecorder::retire_id / update_state): they are up to this late.
+WATCHDOG_POLL_MS = 100.0
 STATES = ("scheduled", "started", "completed", "unknown")
 FORMATS = ("pickle", "json")
 

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .schema import WATCHDOG_POLL_MS
 from .synth_stacks import STACKS as _STACKS
 
 # Bump when the bytes generated for a job change: the benchmarks cache generated jobs under this version.
@@ -372,7 +373,7 @@ class _Sim:
 
 
 _T0 = 1_700_000_000_000_000_000
-_WATCHDOG_NS = 100_000_000   # ProcessGroupNCCL::kWatchdogThreadSleepMillis
+_WATCHDOG_NS = int(WATCHDOG_POLL_MS * 1e6)
 _OP_NS = 3_000_000
 _SIMULATE_ALL_BELOW = 2_000             # world_size x steps: small jobs are simulated whole
 _TIMING_FAULTS = ("straggler", "straggler_host", "slow_link", "clock_offset")

@@ -21,6 +21,7 @@ import polars as pl
 
 from . import echoes, lookup
 from .match import Matching
+from .schema import P2P_OPS, WATCHDOG_POLL_MS
 from .topology import Topology
 
 
@@ -60,8 +61,7 @@ class TimingResult:
     slow_p2p_links: pl.DataFrame | None = None
 
 
-_P2P_OPS = ["send", "recv", "coalesced"]
-WATCHDOG_POLL_MS = 100.0   # ProcessGroupNCCL's kWatchdogThreadSleepMillis: completion times are this coarse
+_P2P_OPS = [*P2P_OPS, "coalesced"]   # (coalesced: the entry that closes a batch_isend_irecv)
 
 
 def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, max_rounds: int = 40,
