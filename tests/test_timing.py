@@ -368,3 +368,24 @@ def test_window_reads_hosts_and_groups_by_position_like_a_join(make_job):
     assert sorted(host_ids["host"].to_list()) == ["a", "b", "c"]
     # the window is each group's last 8 collectives
     assert units.group_by("group").agg(pl.col("collective_seq_id").n_unique())["collective_seq_id"].max() == 8
+
+
+def test_clock_offsets_ignore_sends_and_receives():
+    """A send completes before its receive, every time: read as one instant, the pipeline's stages would get
+    offsets growing along it (here +-75 ms on three hosts whose clocks agree). Offsets come from collectives."""
+    from flightrec.timing import clock_offsets
+
+    rows, inst = [], 0
+    for _ in range(10):   # an all_reduce over the three hosts, ending at one instant
+        inst += 1
+        rows += [{"_inst": inst, "_h": h, "op": "all_reduce", "time_completed_ns": inst * 10**9} for h in range(3)]
+    for src in (0, 1):    # host 0 sends to 1, 1 to 2: the receiving end completes 150 ms after the sending one
+        for _ in range(30):
+            inst += 1
+            rows += [{"_inst": inst, "_h": src, "op": "coalesced", "time_completed_ns": inst * 10**9},
+                     {"_inst": inst, "_h": src + 1, "op": "coalesced", "time_completed_ns": inst * 10**9 + 150 * 10**6}]
+    units = pl.DataFrame(rows).with_columns(pl.lit(True).alias("cross"), pl.col("_h").cast(pl.UInt32))
+    assert clock_offsets(units, 3).to_list() == [0.0, 0.0, 0.0]
+    # (read as collectives, the stages get offsets: the test can fail)
+    as_collectives = clock_offsets(units.with_columns(pl.lit("all_reduce").alias("op")), 3).to_list()
+    assert max(as_collectives) - min(as_collectives) > 100
