@@ -98,3 +98,27 @@ def test_a_straggler_is_named_not_the_ranks_that_wait_on_it(data):
         assert named == [(truth["ranks"], truth["hosts"])], report.summary
     else:
         assert truth["hosts"] in [hosts for _, hosts in named] and len(named) <= 2, report.summary
+
+
+@SETTINGS
+@given(st.data())
+def test_healthy_and_skewed_jobs_name_no_straggler(data):
+    """Completion times are stamped at each watchdog's 100 ms polls: from them, clock offsets are estimated
+    only to that noise. Any layout (tp 1-4, 1-8 ranks a host, timing on or off), healthy or with one host's
+    clock 100 ms to 5 s off: no straggler and no slow link is named."""
+    tp, pp, dp = data.draw(st.sampled_from([1, 2, 4])), data.draw(st.integers(1, 4)), data.draw(st.integers(2, 4))
+    world = tp * pp * dp
+    per_host = data.draw(st.sampled_from([r for r in (1, 2, 4, 8) if world % r == 0 and r <= world // 2] or [1]))
+    n_hosts = world // per_host
+    skewed = n_hosts >= 2 and data.draw(st.booleans())
+    fault = (synth.Fault(kind="clock_offset", hosts=(f"node{data.draw(st.integers(0, n_hosts - 1)):05d}",),
+                         offset_ms=data.draw(st.sampled_from([100, 500, 5000]))) if skewed else synth.Fault(kind="none"))
+    job = synth.Job(tp=tp, pp=pp, dp=dp, steps=data.draw(st.sampled_from([3, 6, 10])),
+                    microbatches=data.draw(st.sampled_from([1, 2, 4])), ranks_per_host=per_host,
+                    timing=data.draw(st.booleans()), fault=fault, seed=data.draw(st.integers(0, 10**6)))
+    with tempfile.TemporaryDirectory() as tmp:
+        synth.generate(job, Path(tmp) / "d", per_host_folders=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = analyze(Path(tmp) / "d", use_cache=False)
+    assert [f.kind for f in report.findings if f.kind in ("straggler", "slow_link")] == [], report.summary
