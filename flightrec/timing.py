@@ -67,8 +67,8 @@ _P2P_OPS = [*P2P_OPS, "coalesced"]   # (coalesced: the entry that closes a batch
 def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, max_rounds: int = 40,
                   significance: float = 3.0) -> pl.Series:
     """Per host (by the window's dense host index `_h`), how far its clock is ahead, from completion times (a
-    collective ends at one instant on every member). Solved by rounds of: offset += median deviation from the
-    collective's corrected median, until no host moves by `tolerance_ms`. In a collective of two hosts the
+    collective ends at one instant on every member). Solved by rounds of: offset += the host's typical
+    deviation (below) from the collective's corrected median, until no host moves by `tolerance_ms`. In a collective of two hosts the
     median is their midpoint: a host that meets several others in pairs moves part of the way each round, and
     a fixed two rounds left 312 ms of a 5 s offset, enough to name the host a straggler. Where collectives span
     many hosts the median ignores the odd one out and one or two rounds do. Only differences between hosts matter:
