@@ -182,6 +182,28 @@ def drop_link_echoes(frame: pl.DataFrame, waiting: list[str]) -> pl.DataFrame:
     return frame.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(waiting).fill_null(False))
 
 
+def drop_p2p_link_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entries: pl.DataFrame, topo: Topology,
+                         threshold: float, opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    """Stragglers that only wait on a slow point-to-point link, cleared; returns (per_rank, per_host, the slow
+    host pairs). With late hosts: the hosts waiting on a slow pair (`waiting_on_links`) and their ranks. With
+    only late ranks: the two ends of a slow link between pipeline stages are late (they wait on it), but so are
+    two ranks that both wait on a straggler (its tensor-parallel peer and that peer's pipeline neighbour): their
+    pair is slow at both ends too. So a pair counts only with a flagged rank at both ends, and clears only the
+    flagged ranks at its ends."""
+    speeds = p2p_link_speeds(entries, topo)
+    slow = slow_p2p_links(speeds, opts)
+    if per_host["straggler"].any():
+        if slow.height:
+            waiting = waiting_on_links(per_host, speeds, slow, threshold)
+            per_host, per_rank = drop_link_echoes(per_host, waiting), drop_link_echoes(per_rank, waiting)
+        return per_rank, per_host, slow
+    flagged_hosts = per_rank.filter(pl.col("straggler"))["host"].cast(pl.String).drop_nulls().to_list()
+    slow = slow.filter(pl.col("a").is_in(flagged_hosts) & pl.col("b").is_in(flagged_hosts))
+    if slow.height:
+        per_rank = drop_link_echoes(per_rank, sorted(set(slow["a"]) | set(slow["b"])))
+    return per_rank, per_host, slow
+
+
 def hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:
     """A host all of whose ranks (two or more) are stragglers is a straggler host: when hosts are smaller than
     tensor-parallel groups, a slow host's ranks are each late beside on-time peers."""

@@ -68,11 +68,11 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
                   significance: float = 3.0) -> pl.Series:
     """Per host (by the window's dense host index `_h`), how far its clock is ahead, from completion times (a
     collective ends at one instant on every member). Solved by rounds of: offset += the host's typical
-    deviation (below) from the collective's corrected median, until no host moves by `tolerance_ms`. In a collective of two hosts the
-    median is their midpoint: a host that meets several others in pairs moves part of the way each round, and
-    a fixed two rounds left 312 ms of a 5 s offset, enough to name the host a straggler. Where collectives span
-    many hosts the median ignores the odd one out and one or two rounds do. Only differences between hosts matter:
-    centred on zero. Null for hosts without a completed cross-host collective. `units` are the windowed units
+    deviation (below) from the collective's corrected median, until no host moves by `tolerance_ms`. In a
+    collective of two hosts the median is their midpoint: a host that meets several others in pairs moves part
+    of the way each round, and a fixed two rounds left 312 ms of a 5 s offset, enough to name the host a
+    straggler. Where collectives span many hosts the median ignores the odd one out and one or two rounds do.
+    Only differences between hosts matter: centred on zero. Null for hosts without a completed cross-host collective. `units` are the windowed units
     of `analyze_timing`.
 
     The recorder's completion times are the NCCL watchdog's: it polls every 100 ms, so each is up to 100 ms
@@ -108,17 +108,17 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
             break
     # The estimate's standard error: at least the lag's own (uniform over a poll: 100 / sqrt(12) ms) over the
     # host's collectives, for a handful of deviations can agree by chance, its ranks' phases being fixed.
-    step = dev.group_by("_h").agg(pl.max_horizontal(
+    error = dev.group_by("_h").agg(pl.max_horizontal(
         near.std().fill_null(0.0) / near.len().sqrt(),
         WATCHDOG_POLL_MS / 12 ** 0.5 / pl.col("_inst").n_unique().sqrt()).alias("_se"))
     # (a host's own offset, not a midpoint: between two hosts the whole difference is the one to test)
-    centre = offsets.gather(step["_h"]).quantile(0.5, "lower") or 0.0
-    centred = offsets.gather(step["_h"]) - centre
+    centre = offsets.gather(error["_h"]).quantile(0.5, "lower") or 0.0
+    centred = offsets.gather(error["_h"]) - centre
     # (and at least half a poll: with steps of a regular length the lags repeat step after step, so the
     # deviations are fewer independent draws than they look, and a pair of hosts' phases bias them by up to 50)
-    significant = (centred.abs() > significance * step["_se"]) & (centred.abs() > WATCHDOG_POLL_MS / 2)
+    significant = (centred.abs() > significance * error["_se"]) & (centred.abs() > WATCHDOG_POLL_MS / 2)
     return (pl.Series("clock_offset_ms", [None] * n_hosts, dtype=pl.Float64)
-            .scatter(step["_h"], centred.zip_with(significant, pl.Series([0.0] * len(centred)))))
+            .scatter(error["_h"], centred.zip_with(significant, pl.Series([0.0] * len(centred)))))
 
 
 def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
@@ -315,23 +315,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     if per_rank["straggler"].any():
         per_host = echoes.hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
     slow_p2p = None
-    if per_host["straggler"].any() and entries is not None:
-        speeds = echoes.p2p_link_speeds(entries, topo)
-        slow_p2p = echoes.slow_p2p_links(speeds, opts)
-        if slow_p2p.height:
-            waiting = echoes.waiting_on_links(per_host, speeds, slow_p2p, threshold)
-            per_host, per_rank = echoes.drop_link_echoes(per_host, waiting), echoes.drop_link_echoes(per_rank, waiting)
-    elif per_rank["straggler"].any() and entries is not None:
-        # Only ranks are late: the two ends of a slow link between pipeline stages are (its ends wait on it).
-        # But so are two ranks that both wait on a straggler (its tensor-parallel peer and that peer's pipeline
-        # neighbour): their pair is slow at both ends too. A slow pair counts only with a flagged rank at both
-        # ends, and clears only the flagged ranks at its ends.
-        speeds = echoes.p2p_link_speeds(entries, topo)
-        flagged_hosts = per_rank.filter(pl.col("straggler"))["host"].cast(pl.String).drop_nulls().to_list()
-        slow_p2p = echoes.slow_p2p_links(speeds, opts).filter(
-            pl.col("a").is_in(flagged_hosts) & pl.col("b").is_in(flagged_hosts))
-        if slow_p2p.height:
-            per_rank = echoes.drop_link_echoes(per_rank, sorted(set(slow_p2p["a"]) | set(slow_p2p["b"])))
+    if entries is not None and (per_host["straggler"].any() or per_rank["straggler"].any()):
+        per_rank, per_host, slow_p2p = echoes.drop_p2p_link_echoes(per_rank, per_host, entries, topo, threshold, opts)
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(
