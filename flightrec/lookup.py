@@ -6,6 +6,7 @@ with `gather`: 2-3x faster than the join at 16K ranks, and the rows keep their o
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 
@@ -30,3 +31,35 @@ def read(laid_out: pl.DataFrame, column: str, key: pl.Expr, *, in_range: bool = 
 def covers(keys: pl.Series, size: int) -> bool:
     """Every non-null value of `keys` is a position in a table of `size` rows (then `read(in_range=True)`)."""
     return keys.null_count() == len(keys) or (keys.min() >= 0 and keys.max() < size)
+
+
+def reduce_by_position(values: pl.Series, key: pl.Series, size: int, how: str) -> pl.Series:
+    """Per position 0..size-1, the min (`how="min"`) or max of the `values` whose `key` (no nulls) is that
+    position; null where there are none. numpy's `ufunc.at` over the columns' own buffers (not copied when free
+    of nulls) into a table of `size`: no hashing, 4-5x faster than `over` on 850K rows, and the only new memory
+    is the small table (on a VM, a first touch of fresh memory costs ~2 ms a MB: as much as the arithmetic)."""
+    ufunc = {"min": np.minimum, "max": np.maximum}[how]
+    if values.dtype in (pl.Float32, pl.Float64):
+        identity = np.inf if how == "min" else -np.inf
+        dtype = np.float32 if values.dtype == pl.Float32 else np.float64
+    else:
+        values = values.cast(pl.Int64)
+        identity = np.iinfo(np.int64).max if how == "min" else np.iinfo(np.int64).min
+        dtype = np.int64
+    if values.null_count():
+        values = values.fill_null(identity)
+    out = np.full(size, identity, dtype=dtype)
+    ufunc.at(out, key.to_numpy(), values.to_numpy())
+    table = pl.Series(values.name, out)
+    return pl.select(pl.when(table != identity).then(table)).to_series()
+
+
+def spread_by_position(values: pl.DataFrame, key: pl.Series, size: int) -> pl.DataFrame:
+    """Per position 0..size-1, the integer `values` (columns without nulls: physical codes) of some row whose
+    `key` is that position (for values every such row shares); 0 where no row has it. Written by position."""
+    out, positions = {}, key.to_numpy()
+    for name in values.columns:
+        column = values.get_column(name).to_numpy()
+        out[name] = np.zeros(size, dtype=column.dtype)
+        out[name][positions] = column
+    return pl.DataFrame(out)

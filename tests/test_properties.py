@@ -9,7 +9,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightrec import analyze, synth
+from flightrec import LoadOptions, analyze, load, synth
+from flightrec.api import run_match
+from flightrec.topology import resolve
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -106,6 +108,40 @@ def test_healthy_and_skewed_jobs_name_no_straggler(data):
     """Completion times are stamped at each watchdog's 100 ms polls: from them, clock offsets are estimated
     only to that noise. Any layout (tp 1-4, 1-8 ranks a host, timing on or off), healthy or with one host's
     clock 100 ms to 5 s off: no straggler and no slow link is named."""
+    with tempfile.TemporaryDirectory() as tmp:
+        synth.generate(_healthy_or_skewed_job(data), Path(tmp) / "d", per_host_folders=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = analyze(Path(tmp) / "d", use_cache=False)
+    assert [f.kind for f in report.findings if f.kind in ("straggler", "slow_link")] == [], report.summary
+
+
+@SETTINGS
+@given(st.data())
+def test_clock_offsets_stop_after_one_round_only_when_the_rounds_would_find_none(data):
+    """`clock_offsets` stops after its first round when it moved no host by a tenth of a poll (the usual
+    case, synchronised clocks): the full rounds give the same offsets on any healthy or skewed job."""
+    from flightrec import timing
+
+    with tempfile.TemporaryDirectory() as tmp:
+        synth.generate(_healthy_or_skewed_job(data), Path(tmp) / "d", per_host_folders=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trace = load(Path(tmp) / "d", LoadOptions(use_cache=False))
+    topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts)
+    units, host_ids = timing._window(run_match(trace), trace.groups, topo.frame(), timing.TimingOptions())
+    quick = timing.clock_offsets(units, host_ids.height)
+    settled, timing._SETTLED_MS = timing._SETTLED_MS, 0.0
+    try:
+        full = timing.clock_offsets(units, host_ids.height)
+    finally:
+        timing._SETTLED_MS = settled
+    assert quick.to_list() == full.to_list()
+
+
+def _healthy_or_skewed_job(data) -> synth.Job:
+    """Any layout (tp 1-4, pp 1-4, dp 2-4, 1-8 ranks a host, timing on or off), healthy or with one host's
+    clock 100 ms, 500 ms or 5 s off."""
     tp, pp, dp = data.draw(st.sampled_from([1, 2, 4])), data.draw(st.integers(1, 4)), data.draw(st.integers(2, 4))
     world = tp * pp * dp
     per_host = data.draw(st.sampled_from([r for r in (1, 2, 4, 8) if world % r == 0 and r <= world // 2] or [1]))
@@ -113,12 +149,6 @@ def test_healthy_and_skewed_jobs_name_no_straggler(data):
     skewed = n_hosts >= 2 and data.draw(st.booleans())
     fault = (synth.Fault(kind="clock_offset", hosts=(f"node{data.draw(st.integers(0, n_hosts - 1)):05d}",),
                          offset_ms=data.draw(st.sampled_from([100, 500, 5000]))) if skewed else synth.Fault(kind="none"))
-    job = synth.Job(tp=tp, pp=pp, dp=dp, steps=data.draw(st.sampled_from([3, 6, 10])),
-                    microbatches=data.draw(st.sampled_from([1, 2, 4])), ranks_per_host=per_host,
-                    timing=data.draw(st.booleans()), fault=fault, seed=data.draw(st.integers(0, 10**6)))
-    with tempfile.TemporaryDirectory() as tmp:
-        synth.generate(job, Path(tmp) / "d", per_host_folders=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            report = analyze(Path(tmp) / "d", use_cache=False)
-    assert [f.kind for f in report.findings if f.kind in ("straggler", "slow_link")] == [], report.summary
+    return synth.Job(tp=tp, pp=pp, dp=dp, steps=data.draw(st.sampled_from([3, 6, 10])),
+                     microbatches=data.draw(st.sampled_from([1, 2, 4])), ranks_per_host=per_host,
+                     timing=data.draw(st.booleans()), fault=fault, seed=data.draw(st.integers(0, 10**6)))
