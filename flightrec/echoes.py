@@ -14,6 +14,7 @@ import networkx as nx
 import polars as pl
 
 from .match import is_p2p_closer
+from .schema import WATCHDOG_POLL_MS
 from .topology import Topology
 
 if TYPE_CHECKING:
@@ -137,7 +138,10 @@ def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
 
 def slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Host pairs slow at both ends: each end's median `slow_factor` x the lower quartile of every end's
-    median and `min_slow_ms` above it (the quartile, so a few slow pairs don't drag the baseline up)."""
+    median and `min_slow_ms` above it (the quartile, so a few slow pairs don't drag the baseline up), and a
+    watchdog poll above it: the times are completion times, stamped at the watchdog's next 100 ms poll, and
+    with the poll's phase pinned by regular steps an end can read ~90 ms slow for no reason (a false link
+    beside a slow host in 2 of 50 random jobs, ends 93 and 449 ms over a 77 ms baseline)."""
     empty = pl.DataFrame(schema={"a": pl.String, "b": pl.String, "a_ms": pl.Float64, "b_ms": pl.Float64,
                                  "baseline_ms": pl.Float64})
     ends = speeds.filter(pl.col("n") >= opts.min_collectives).select(pl.col("host").cast(pl.String).alias("a"),
@@ -146,7 +150,7 @@ def slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
         return empty
     baseline = ends["ms"].quantile(0.25, "lower")
     slow = ((pl.col("a_ms") >= opts.slow_factor * baseline) & (pl.col("b_ms") >= opts.slow_factor * baseline)
-            & (pl.min_horizontal("a_ms", "b_ms") - baseline >= opts.min_slow_ms))
+            & (pl.min_horizontal("a_ms", "b_ms") - baseline >= max(opts.min_slow_ms, WATCHDOG_POLL_MS)))
     return (ends.rename({"ms": "a_ms"})
             .join(ends.select(pl.col("b").alias("a"), pl.col("a").alias("b"), pl.col("ms").alias("b_ms")), on=["a", "b"])
             .filter((pl.col("a") < pl.col("b")) & slow)
@@ -182,26 +186,44 @@ def drop_link_echoes(frame: pl.DataFrame, waiting: list[str]) -> pl.DataFrame:
     return frame.with_columns(pl.col("straggler") & ~pl.col("host").cast(pl.String).is_in(waiting).fill_null(False))
 
 
-def drop_p2p_link_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entries: pl.DataFrame, topo: Topology,
-                         threshold: float, opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+def drop_p2p_link_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entries: pl.DataFrame, groups: pl.DataFrame,
+                         topo: Topology, threshold: float,
+                         opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """Stragglers that only wait on a slow point-to-point link, cleared; returns (per_rank, per_host, the slow
     host pairs). With late hosts: the hosts waiting on a slow pair (`waiting_on_links`) and their ranks. With
     only late ranks: the two ends of a slow link between pipeline stages are late (they wait on it), but so are
     two ranks that both wait on a straggler (its tensor-parallel peer and that peer's pipeline neighbour): their
     pair is slow at both ends too. So a pair counts only with a flagged rank at both ends, and clears only the
-    flagged ranks at its ends."""
+    flagged ranks at its ends. A pair with an end behind a host still named (`behind_stragglers`) is its echo."""
     speeds = p2p_link_speeds(entries, topo)
     slow = slow_p2p_links(speeds, opts)
     if per_host["straggler"].any():
         if slow.height:
             waiting = waiting_on_links(per_host, speeds, slow, threshold)
             per_host, per_rank = drop_link_echoes(per_host, waiting), drop_link_echoes(per_rank, waiting)
+            behind = behind_stragglers(per_host, groups, topo)
+            slow = slow.filter(~pl.col("a").is_in(behind) & ~pl.col("b").is_in(behind))
         return per_rank, per_host, slow
     flagged_hosts = per_rank.filter(pl.col("straggler"))["host"].cast(pl.String).drop_nulls().to_list()
     slow = slow.filter(pl.col("a").is_in(flagged_hosts) & pl.col("b").is_in(flagged_hosts))
     if slow.height:
         per_rank = drop_link_echoes(per_rank, sorted(set(slow["a"]) | set(slow["b"])))
     return per_rank, per_host, slow
+
+
+def behind_stragglers(per_host: pl.DataFrame, groups: pl.DataFrame, topo: Topology) -> list[str]:
+    """The hosts named stragglers, and the hosts sharing a collective group with one (the world group aside).
+    A GPU runs its stream in order: a rank's send waits for the collective before it, which waits for the
+    straggler, and its receiving peer waits for the send, so the pair reads slow at both ends like a slow link
+    (a false link beside a slow host in 1 of 50 random jobs, both ends 115-145 ms over the baseline)."""
+    named = set(per_host.filter(pl.col("straggler"))["host"].cast(pl.String).to_list())
+    if not named:
+        return []
+    world = int(groups["size"].max() or 0)
+    members = (groups.filter(pl.col("size") < world).select("group", pl.col("ranks").alias("rank")).explode("rank")
+               .join(topo.frame().select("rank", pl.col("host").cast(pl.String)), on="rank"))
+    shared = members.filter(pl.col("host").is_in(named))["group"].unique()
+    return sorted(named | set(members.filter(pl.col("group").is_in(shared.implode()))["host"].to_list()))
 
 
 def hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: Topology) -> pl.DataFrame:

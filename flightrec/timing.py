@@ -378,7 +378,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
         per_host = echoes.hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
     slow_p2p = None
     if entries is not None and (per_host["straggler"].any() or per_rank["straggler"].any()):
-        per_rank, per_host, slow_p2p = echoes.drop_p2p_link_echoes(per_rank, per_host, entries, topo, threshold, opts)
+        per_rank, per_host, slow_p2p = echoes.drop_p2p_link_echoes(per_rank, per_host, entries, groups, topo, threshold,
+                                                                      opts)
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = late.join(per_rank.filter(pl.col("straggler")).select("rank"), on="rank", how="semi").group_by(

@@ -112,6 +112,25 @@ def test_a_slow_host_holding_whole_pipelines_of_a_two_host_job_is_named(make_job
     assert _timing_findings(report) == [("straggler", want, ["node00001"], [])]
 
 
+@pytest.mark.parametrize("layout, host, seed, want", [
+    (dict(pp=2, dp=4, layers=3), "node00000", 791955, [0, 1]),
+    (dict(pp=4, dp=2, layers=1), "node00008", 848698, [16, 17]),
+])
+def test_no_slow_link_is_named_beside_a_slow_host(make_job, layout, host, seed, want):
+    """tp 4 over two hosts: the slow host's tensor-parallel peers send to the next stage only after the
+    collective that waits for it (a GPU runs its stream in order), so their pair with the next stage reads
+    slow at both ends, like a slow link (ends 93-145 ms over a ~70 ms baseline; 3 of 50 random slow-host jobs
+    named a link beside the host). Pairs behind a named straggler are its echo, and a pair must be slower than
+    the baseline by a watchdog poll."""
+    fault = synth.Fault(kind="straggler_host", hosts=(host,), delay_ms=150.0)
+    job = synth.Job(tp=4, steps=10, microbatches=1, ranks_per_host=2, timing=False, fault=fault, seed=seed, **layout)
+    out, _ = make_job(job, per_host_folders=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False)
+    assert _timing_findings(report) == [("straggler", want, [host], [])]
+
+
 def test_a_large_clock_offset_is_removed_in_full_when_hosts_meet_in_pairs(make_job):
     """Three hosts, whose data-parallel collectives each join two of them: the median of two clocks is their
     midpoint, so each round of the offset estimate halves the error. Two fixed rounds left 312 ms of a 5 s
