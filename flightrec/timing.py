@@ -143,25 +143,27 @@ def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
     index, from `clock_offsets`) removed, and `last_to_arrive`: it came after every other member (the rest were
     not all at once), and `last_host_to_arrive`: it is on the host of that member (the collective spans hosts).
     Hosts by their dense index `_h`, as in `units`."""
-    shift = (pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6).cast(pl.Int64)
-    t = units.select((pl.col("time_created_ns") - shift).alias("_t")).to_series()
-    # per collective (dense slot) first and last arrival, reduced into small tables and read back by position
-    n_slots = int(units["_slot"].max() or 0) + 1
-    first = lookup.reduce_by_position(t, units["_slot"], n_slots, "min")
-    last = lookup.reduce_by_position(t, units["_slot"], n_slots, "max")
-    late = (units.lazy().with_columns(t).filter(pl.col("_t").is_not_null())
-            .with_columns(pl.lit(first).gather(pl.col("_slot")).alias("_first"),
-                          pl.lit(last).gather(pl.col("_slot")).alias("_last"))
-            .select("group", "collective_seq_id", "rank", "_h", "cross", "timeout_ms", "_slot",
-                    ((pl.col("_t") - pl.col("_first")) / 1e6).alias("late_ms"),
-                    ((pl.col("_t") == pl.col("_last")) & (pl.col("_last") > pl.col("_first"))).alias("last_to_arrive"))
-            .collect(engine="streaming"))
-    # the last member's host, per collective (of a tie, any one's), read back by position
-    lasts = late.filter(pl.col("last_to_arrive") & pl.col("cross") & pl.col("_h").is_not_null())
+    # (with no offset, the usual case, the enqueue times are read as they are: no new column)
+    shifted = offsets.fill_null(0.0).abs().max() or 0.0
+    t = (units["time_created_ns"] if not shifted else units.select(
+        (pl.col("time_created_ns") - (pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6)
+         .cast(pl.Int64)).alias("time_created_ns")).to_series())
+    # per collective (dense slot) the first and last arrival, and the last one's host, in small tables
+    slots, n_slots = units["_slot"], int(units["_slot"].max() or 0) + 1
+    first = lookup.reduce_by_position(t, slots, n_slots, "min")
+    last = lookup.reduce_by_position(t, slots, n_slots, "max")
+    t_col, first_t, last_t = pl.col("_t"), pl.lit(first).gather(pl.col("_slot")), pl.lit(last).gather(pl.col("_slot"))
+    lasts = (units.lazy().select("_slot", "_h", "cross", t.alias("_t"))
+             .filter((t_col == last_t) & pl.col("cross") & pl.col("_h").is_not_null()).select("_slot", "_h")
+             .collect())
     last_host = lookup.spread_by_position(lasts.select(pl.col("_h") + 1), lasts["_slot"], n_slots)["_h"]
-    return late.with_columns(
-        (pl.lit(last_host).gather(pl.col("_slot")) == pl.col("_h") + 1).fill_null(False).alias("last_host_to_arrive")
-    ).drop("_slot")
+    return (units.lazy().with_columns(t.alias("_t")).filter(t_col.is_not_null())
+            .select("group", "collective_seq_id", "rank", "_h", "cross", "timeout_ms",
+                    ((t_col - first_t) / 1e6).alias("late_ms"),
+                    ((t_col == last_t) & (last_t > first_t)).alias("last_to_arrive"),
+                    ((pl.lit(last_host).gather(pl.col("_slot")) == pl.col("_h") + 1).fill_null(False)
+                     & (last_t > first_t)).alias("last_host_to_arrive"))
+            .collect(engine="streaming"))
 
 
 def stragglers(late: pl.DataFrame, host_ids: pl.DataFrame, opts: TimingOptions,
