@@ -21,7 +21,7 @@ import polars as pl
 
 from . import echoes, lookup
 from .match import Matching
-from .schema import P2P_OPS, WATCHDOG_POLL_MS, Op
+from .schema import P2P_OPS, WATCHDOG_POLL_MS
 from .topology import Topology
 
 
@@ -246,28 +246,24 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
     # poll late and pinned by the poll's phase when steps are regular: then a group must be slower than its
     # peers by a whole poll as well, or that noise reads as slow groups.
     timed = units["duration_ms"].null_count() < units.height
-    own_time = units["duration_ms"] if timed else units.select(
-        (pl.col("time_completed_ns") - pl.col("time_created_ns")) / 1e6).to_series()
+    own_time = (pl.col("duration_ms").cast(pl.Float64) if timed else
+                (pl.col("time_completed_ns") - pl.col("time_created_ns")) / 1e6).min()
+    have = (pl.col("duration_ms").is_not_null() if timed else
+            pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
     min_slow_ms = opts.min_slow_ms if timed else max(opts.min_slow_ms, WATCHDOG_POLL_MS)
-    # Per collective (dense slot): the shortest own time, and its group, op and shapes (the same on every
-    # member: they matched), as codes written by position and named from small tables after.
-    slots, n_slots = units["_slot"], int(units["_slot"].max() or 0) + 1
-    codes = units.select(pl.col("group").to_physical().alias("_g"), pl.col("op").to_physical().alias("_op"),
-                         pl.col("input_sizes").to_physical().alias("_shape"))
-    per_inst = (lookup.spread_by_position(codes, slots, n_slots)
-                .with_columns(lookup.reduce_by_position(own_time, slots, n_slots, "min").cast(pl.Float64).alias("ms"))
-                .filter(pl.col("ms").is_not_null()))
+    per_inst = (units.lazy().filter(have).group_by("_slot")
+                .agg(pl.col("group").first(), pl.col("op").first(), pl.col("input_sizes").first().alias("_shape"),
+                     own_time.alias("ms"))
+                .collect())
     if per_inst.height == 0:
         return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
-    names = groups.select(pl.col("group").to_physical().alias("_g"), "group", "pg_desc")
-    per_group = (per_inst.join(names, on="_g", how="left")
-                 .group_by("group", "pg_desc", "_op", "_shape").agg(pl.col("ms").median().alias("median_ms"))
-                 .with_columns(pl.lit(pl.Series(Op.categories)).gather(pl.col("_op")).alias("op")))
+    per_group = (per_inst.join(groups.select("group", "pg_desc"), on="group", how="left")
+                 .group_by("group", "pg_desc", "op", "_shape").agg(pl.col("ms").median().alias("median_ms")))
     per_group = per_group.with_columns(
         # baseline: the lower quartile of peer groups, so a slow half doesn't drag the baseline up with it
-        pl.col("median_ms").quantile(0.25, "lower").over("pg_desc", "_op", "_shape").alias("peer_median_ms"),
-        pl.len().over("pg_desc", "_op", "_shape").alias("_peers"))
+        pl.col("median_ms").quantile(0.25, "lower").over("pg_desc", "op", "_shape").alias("peer_median_ms"),
+        pl.len().over("pg_desc", "op", "_shape").alias("_peers"))
     return (per_group.filter(pl.col("_peers") >= 2)
             .with_columns((pl.col("median_ms") / pl.col("peer_median_ms")).alias("ratio"))
             .with_columns(((pl.col("ratio") >= opts.slow_factor)
