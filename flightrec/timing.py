@@ -62,8 +62,6 @@ class TimingResult:
 
 
 _P2P_OPS = [*P2P_OPS, "coalesced"]   # (coalesced: the entry that closes a batch_isend_irecv)
-# A first round of clock offsets that moves no host this far has found none (see `clock_offsets`).
-_SETTLED_MS = WATCHDOG_POLL_MS / 10
 
 
 def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, max_rounds: int = 40,
@@ -113,15 +111,9 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
                 .select("_h", pl.when(pl.col("_median").abs() > WATCHDOG_POLL_MS).then(pl.col("_median"))
                         .otherwise(pl.col("_near").fill_null(pl.col("_median"))).alias("_step")))
         offsets = offsets.scatter(step["_h"], offsets.gather(step["_h"]) + step["_step"])
-        moved = step["_step"].abs().max() or 0.0
-        if i == 0 and moved < _SETTLED_MS:
-            # Synchronised clocks, the usual case: every host is within watchdog noise of every collective's
-            # median. The rounds that follow move a host at most about twice its first step, so none could
-            # reach the half poll an offset needs to count: no offsets, without the rounds (~25 ms at 16K
-            # ranks). tests/test_properties.py checks this answer against the full rounds on random jobs.
-            return (pl.Series("clock_offset_ms", [None] * n_hosts, dtype=pl.Float64)
-                    .scatter(step["_h"], pl.Series([0.0] * step.height)))
-        if moved < tolerance_ms:
+        # (No early stop on a small first round: where a host holds most of its groups' ranks, the medians
+        # follow it and the first round barely moves anything, yet the rounds add up to hundreds of ms.)
+        if (step["_step"].abs().max() or 0.0) < tolerance_ms:
             break
     # The estimate's standard error: at least the lag's own (uniform over a poll: 100 / sqrt(12) ms) over the
     # host's collectives, for a handful of deviations can agree by chance, its ranks' phases being fixed.
@@ -374,6 +366,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
     if per_rank["straggler"].any():
         per_host = echoes.hosts_of_stragglers(per_rank, per_host.with_columns(pl.lit(False).alias("straggler")), topo)
+        # (hosts are now named from their ranks' lateness: the ranks' threshold is the one they passed)
+        per_host = per_host.with_columns(pl.lit(threshold).alias("threshold_ms"))
     slow_p2p = None
     if entries is not None and (per_host["straggler"].any() or per_rank["straggler"].any()):
         per_rank, per_host, slow_p2p = echoes.drop_p2p_link_echoes(per_rank, per_host, entries, groups, topo, threshold,

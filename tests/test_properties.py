@@ -9,9 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightrec import LoadOptions, analyze, load, synth
-from flightrec.api import run_match
-from flightrec.topology import resolve
+from flightrec import analyze, synth
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -114,29 +112,6 @@ def test_healthy_and_skewed_jobs_name_no_straggler(data):
             warnings.simplefilter("ignore")
             report = analyze(Path(tmp) / "d", use_cache=False)
     assert [f.kind for f in report.findings if f.kind in ("straggler", "slow_link")] == [], report.summary
-
-
-@SETTINGS
-@given(st.data())
-def test_clock_offsets_stop_after_one_round_only_when_the_rounds_would_find_none(data):
-    """`clock_offsets` stops after its first round when it moved no host by a tenth of a poll (the usual
-    case, synchronised clocks): the full rounds give the same offsets on any healthy or skewed job."""
-    from flightrec import timing
-
-    with tempfile.TemporaryDirectory() as tmp:
-        synth.generate(_healthy_or_skewed_job(data), Path(tmp) / "d", per_host_folders=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trace = load(Path(tmp) / "d", LoadOptions(use_cache=False))
-    topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts)
-    units, host_ids = timing._window(run_match(trace), trace.groups, topo.frame(), timing.TimingOptions())
-    quick = timing.clock_offsets(units, host_ids.height)
-    settled, timing._SETTLED_MS = timing._SETTLED_MS, 0.0
-    try:
-        full = timing.clock_offsets(units, host_ids.height)
-    finally:
-        timing._SETTLED_MS = settled
-    assert quick.to_list() == full.to_list()
 
 
 def _healthy_or_skewed_job(data) -> synth.Job:

@@ -410,6 +410,23 @@ def test_window_reads_hosts_and_groups_by_position_like_a_join(make_job):
     assert units.group_by("group").agg(pl.col("collective_seq_id").n_unique())["collective_seq_id"].max() == 8
 
 
+def test_clock_offsets_go_on_past_a_small_first_round():
+    """Eleven hosts in a chain, each meeting only its neighbours, clocks 18 ms apart host to host (180 ms end
+    to end): in pairs the median is the midpoint, so the first round moves each host by 9 ms at most, yet the
+    rounds add up to far more. An early stop after a small first round (tried) read no offsets at all."""
+    from flightrec.timing import clock_offsets
+
+    rows, slot = [], 0
+    for _ in range(60):
+        for left in range(10):
+            rows += [{"_slot": slot, "_h": h, "op": "all_reduce", "cross": True,
+                      "time_completed_ns": (1_700_000_000_000 + slot * 1000 + 18 * h) * 10**6} for h in (left, left + 1)]
+            slot += 1
+    units = pl.DataFrame(rows).with_columns(pl.col("_h", "_slot").cast(pl.UInt32))
+    offsets = clock_offsets(units, 11).to_list()
+    assert offsets[0] < -50 and offsets[-1] > 50   # the ends, past the half poll an offset needs to count
+
+
 def test_clock_offsets_ignore_sends_and_receives():
     """A send completes before its receive, every time: read as one instant, the pipeline's stages would get
     offsets growing along it (here +-75 ms on three hosts whose clocks agree). Offsets come from collectives."""
