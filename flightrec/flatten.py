@@ -7,6 +7,7 @@ every recorder version to one set of columns, normalizes the op name and reads t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -315,13 +316,6 @@ def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int
 def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
     """Columns for one rank's dump: {'meta', 'entries', 'pg_config', 'pg_status', 'stacks'}."""
     problems: list[str] = []
-    rank_lists: dict[int, str] = {}
-    version = _as_str(dump.get("version"))
-    if version is None:
-        problems.append("no 'version' field")
-    elif version not in KNOWN_DUMP_VERSIONS:
-        problems.append(f"recorder version {version} is newer than this flightrec knows; loaded the known fields")
-
     if dump.get("_truncated"):
         problems.append(f"truncated file: kept the {len(dump.get('entries') or [])} entries written before the cut")
     raw_entries = dump.get("entries", [])
@@ -336,17 +330,30 @@ def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
 
     entries_table = _raw_table(entries, problems)
     stack_ids, stacks = _stacks([e.get("frames") for e in entries], problems)
-    entries_table = entries_table.append_column("rank", pa.array([rank] * len(entries), type=_I64))
-    entries_table = entries_table.append_column("stack_id", pa.array(stack_ids, type=pa.uint64()))
+    return assemble(dump, rank, entries_table, pa.array(stack_ids, type=pa.uint64()), stacks, problems)
 
-    names = entries_table["profiling_name"].unique().to_pylist() if entries else []
+
+def assemble(dump: dict, rank: int, entries_table: pa.Table, stack_ids: pa.Array, stacks: dict[int, list],
+             problems: list[str]) -> dict[str, Any]:
+    """`flatten_dump`'s result from the raw entry columns (RAW_FIELDS), their stack ids and the distinct
+    stacks, and the dump's other keys (`dump['entries']` is not read): shared with the tape reader."""
+    rank_lists: dict[int, str] = {}
+    version = _as_str(dump.get("version"))
+    if version is None:
+        problems.insert(0, "no 'version' field")
+    elif version not in KNOWN_DUMP_VERSIONS:
+        problems.insert(0, f"recorder version {version} is newer than this flightrec knows; loaded the known fields")
+    entries_table = entries_table.append_column("rank", pa.array([rank] * entries_table.num_rows, type=_I64))
+    entries_table = entries_table.append_column("stack_id", stack_ids)
+
+    names = entries_table["profiling_name"].unique().to_pylist() if entries_table.num_rows else []
     backends = {normalize_op(n)[2] for n in names} - {None}
     meta = {
         "rank": rank,
         "version": version,
         "backend": ",".join(sorted(backends)) if backends else None,
         "comm_lib_version": _as_str(dump.get("comm_lib_version", dump.get("nccl_version"))),
-        "entry_count": len(entries),
+        "entry_count": entries_table.num_rows,
         "problems": problems,
     }
     return {
@@ -381,10 +388,17 @@ def _pg_config_rows(pg_config: Any, rank: int, problems: list[str], rank_lists: 
         # one copy per distinct list, keyed by a content hash that agrees across processes.
         key = None
         if ranks_text is not None:
-            key = int.from_bytes(hashlib.blake2b(ranks_text.encode(), digest_size=8).digest(), "little")
+            key = _rank_list_key(ranks_text)
             rank_lists[key] = ranks_text
         rows.append((rank, name, _as_str(cfg.get("desc")), key))
     return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_list_key(ranks_text: str) -> int:
+    """The content hash of a rank list. Every file of a chunk carries the world group's (~110 KB at 16K
+    ranks): hashed once, then found by the string's own (cached) hash."""
+    return int.from_bytes(hashlib.blake2b(ranks_text.encode(), digest_size=8).digest(), "little")
 
 
 def _pg_status_rows(pg_status: Any, rank: int, problems: list[str]) -> list[tuple]:

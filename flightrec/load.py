@@ -22,11 +22,11 @@ import polars as pl
 import pyarrow as pa
 
 from . import cache as _cache
-from . import lookup
+from . import fastflat, lookup, tape
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
 from .flatten import derive_entries, flatten_dump
-from .readers import read_dump
+from .readers import parse_dump_bytes, read_dump_bytes
 from .schema import (
     DUMPS,
     ENTRIES,
@@ -55,6 +55,10 @@ class LoadOptions:
         use_cache: read and write the Parquet cache.
         cache_dir: where the cache lives; default `$FLIGHTREC_CACHE_DIR` or `~/.cache/flightrec`.
         progress: called as progress(done_files, total_files) while parsing.
+        reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow (always
+            available). "tape": the compiled opcode reader (`flightrec.tape`; needs numba, `pip install
+            flightrec[fast]`), same columns, several times faster, ~1.3 s to start. "auto" (default): the
+            tape when numba is installed and the pickles add up to `TAPE_MIN_BYTES`, else the unpickler.
     """
 
     prefix: str | None = None
@@ -63,6 +67,12 @@ class LoadOptions:
     use_cache: bool = True
     cache_dir: str | os.PathLike | None = None
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
+    reader: str = "auto"
+
+
+# Below this much input the tape reader's start (importing numba, loading the compiled walker: ~1.3 s) costs
+# more than it saves: it parses ~3x faster than the unpickler, which reads ~100 MB a second on one core.
+TAPE_MIN_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -166,7 +176,7 @@ def format_ranks(ranks: Iterable[int], limit: int = 12) -> str:
 def _parse_one(path: str, rank: int) -> dict:
     """Worker: read and flatten one file. Errors come back as data so one bad file can't stop the job."""
     try:
-        dump, fmt = read_dump(Path(path))
+        dump, fmt = parse_dump_bytes(read_dump_bytes(Path(path)), path)
         out = flatten_dump(dump, rank)
         del dump
         out["meta"]["format"] = fmt
@@ -178,13 +188,38 @@ def _parse_one(path: str, rank: int) -> dict:
         return _refused(rank, f"{path}: could not be read ({type(exc).__name__}: {exc})")
 
 
+def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
+    """A chunk of files through the tape reader at once (`fastflat.flatten_pickles`); the files it doesn't
+    take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
+    datas, taken = [], []
+    for path, rank in items:
+        try:
+            data = read_dump_bytes(Path(path))
+        except (FlightrecError, OSError):
+            continue
+        if data[:1] == b"\x80":
+            datas.append(data)
+            taken.append((path, rank))
+    flat = dict(zip(taken, fastflat.flatten_pickles(datas, [rank for _, rank in taken]))) if datas else {}
+    del datas
+    out = []
+    for item in items:
+        result = flat.get(item)
+        if result is None:
+            out.append(_parse_one(*item))
+        else:
+            result["meta"].update(format="pickle", loaded=True)
+            out.append(result)
+    return out
+
+
 def _refused(rank: int, reason: str) -> dict:
     meta = {"rank": rank, "version": None, "backend": None, "comm_lib_version": None, "entry_count": 0,
             "problems": [reason], "format": None, "loaded": False}
     return {"meta": meta, "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
 
 
-def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None) -> dict:
+def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None, use_tape: bool = False) -> dict:
     """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces.
 
     The cyclic garbage collector is paused meanwhile: unpickling allocates millions of dicts and lists, and
@@ -193,16 +228,15 @@ def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None) -> dict
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _parse_chunk_inner(items, spool)
+        return _parse_chunk_inner(items, spool, use_tape)
     finally:
         if gc_was_enabled:
             gc.enable()
 
 
-def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None) -> dict:
+def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None, use_tape: bool) -> dict:
     metas, tables, cfg, status, stacks, rank_lists = [], [], [], [], {}, {}
-    for path, rank in items:
-        out = _parse_one(path, rank)
+    for out in (_parse_with_tape(items) if use_tape else (_parse_one(path, rank) for path, rank in items)):
         metas.append(out["meta"])
         if out["entries"] is not None and out["entries"].num_rows:
             tables.append(out["entries"])
@@ -239,15 +273,26 @@ def _chunks(files: list[DumpFile], n_chunks: int) -> list[list[tuple[str, int]]]
     return chunks
 
 
+def _use_tape(reader: str, total_bytes: int) -> bool:
+    if reader not in ("auto", "tape", "unpickler"):
+        raise FlightrecError(f"unknown reader {reader!r}: use 'auto', 'tape' or 'unpickler'")
+    if reader == "tape" and not tape.available():
+        raise FlightrecError("the tape reader needs numba: pip install 'flightrec[fast]' (or use reader='auto')")
+    return reader == "tape" or (reader == "auto" and total_bytes >= TAPE_MIN_BYTES and tape.available())
+
+
 def _parse_all(files: list[DumpFile], options: LoadOptions, spool: str | None = None) -> list[dict]:
     workers = options.workers or os.cpu_count() or 1
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
     chunks = _chunks(files, max(1, min(len(files), workers * 8)))
+    use_tape = _use_tape(options.reader, sum(f.size for f in files))
+    if use_tape:
+        tape.warm()   # before the fork: the workers inherit the compiled reader
     results: list[dict] = []
     done = 0
     if workers == 1 or len(files) < 8:
         for chunk in chunks:
-            results.append(_parse_chunk(chunk))  # in-process: the table stays in memory
+            results.append(_parse_chunk(chunk, None, use_tape))  # in-process: the table stays in memory
             done += len(chunk)
             if options.progress:
                 options.progress(done, len(files))
@@ -256,7 +301,8 @@ def _parse_all(files: list[DumpFile], options: LoadOptions, spool: str | None = 
     # safe and starts instantly; spawn would re-import everything and re-run unguarded user scripts.
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks))):
+        for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks),
+                                                  [use_tape] * len(chunks))):
             results.append(result)
             done += len(chunk)
             if options.progress:

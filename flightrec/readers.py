@@ -109,6 +109,11 @@ def salvage_truncated_pickle(data: bytes, source: str) -> dict:
 def read_dump(path: Path) -> tuple[dict, str]:
     """Return (the dump as a dict, 'pickle' or 'json'). A truncated pickle gives back what decoded before
     the cut, marked with a '_truncated' key."""
+    return parse_dump_bytes(read_dump_bytes(path), str(path))
+
+
+def read_dump_bytes(path: Path) -> bytes:
+    """The file's bytes (gunzipped), after the checks that it can be a dump at all."""
     source = str(path)
     size = path.stat().st_size
     if size == 0:
@@ -123,7 +128,7 @@ def read_dump(path: Path) -> tuple[dict, str]:
         data = fh.read()
     if data[:2] == _GZIP_MAGIC:
         data = _gunzip_bounded(data, source)
-    return parse_dump_bytes(data, source)
+    return data
 
 
 def _gunzip_bounded(data: bytes, source: str) -> bytes:

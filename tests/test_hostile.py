@@ -148,13 +148,13 @@ def test_unreadable_file_is_refused(job_dir, monkeypatch):
 
     load_mod = importlib.import_module("flightrec.load")  # the package exports a function of the same name
 
-    real = load_mod.read_dump
+    real = load_mod.read_dump_bytes
 
     def deny(path):
         if path.name.endswith("_7"):
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
-    monkeypatch.setattr(load_mod, "read_dump", deny)
+    monkeypatch.setattr(load_mod, "read_dump_bytes", deny)
     trace, _ = _quiet_load(job_dir, workers=1)
     assert trace.missing_ranks == [7]
     assert "Permission denied" in trace.dumps.filter(trace.dumps["rank"] == 7)["problems"][0][0]

@@ -1,0 +1,285 @@
+"""A dump's columns from its pickle's object table (`tape`), without Python objects per entry.
+
+Gives exactly what `flatten.flatten_dump(unpickled dump)` gives, for the dumps the recorder writes: every entry a
+dict, every value of its field's type (a missing key or None is null). Anything else (a value of another
+type, an entry that is not a dict, a dump that is a bare list) returns None, and the caller takes the
+unpickler's way, which coerces, notes the problem and salvages. Per field the values are gathered by key with
+numpy; text is decoded once per distinct string object (the writer memoizes repeated strings, so a few
+hundred a file), frames once per distinct frame dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import tape
+from .flatten import RAW_FIELDS, _as_int, _as_str, _stack_hash, assemble
+from .tape import BOOL, DICT, FLOAT, INT, LIST, NONE, STR, TUPLE
+
+_SEQUENCES = (LIST, TUPLE)
+
+
+class _Unsupported(Exception):
+    """The tape holds something only the unpickler's way reads as flatten_dump expects."""
+
+
+class _Graph:
+    """Children of each container, in the order they were added (edges grouped by parent)."""
+
+    def __init__(self, t: tape.Tape):
+        self.t = t
+        self.order, self.start, self.count = tape.group_by_parent(t)
+
+    def edges(self, obj: int) -> np.ndarray:
+        s = int(self.start[obj])
+        return self.order[s:s + int(self.count[obj])]
+
+    def children(self, obj: int) -> np.ndarray:
+        return self.t.child[self.edges(obj)]
+
+    def children_of(self, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, children) of each of `parents`, concatenated (compiled: no per-parent Python)."""
+        return tape.children_of(self.t, self.order, self.start, self.count, parents)
+
+
+def flatten_pickle(data: bytes, rank: int) -> dict[str, Any] | None:
+    """`flatten_dump`'s result for a pickled dump, or None when the tape reader doesn't take it."""
+    return flatten_pickles([data], [rank])[0]
+
+
+def flatten_pickles(datas: list[bytes], ranks: list[int]) -> list[dict[str, Any] | None]:
+    """`flatten_pickle` for many files at once: one tape for all (`tape.read_many`), so the per-field numpy
+    work is paid once per batch, not per file (per file it cost more than unpickling a 200-entry dump).
+    None for each file the tape reader doesn't take."""
+    out: list[dict[str, Any] | None] = [None] * len(datas)
+    joined, roots = tape.read_many(datas)
+    if joined is None:
+        return out
+    g = _Graph(joined)
+    taken, dumps, entry_lists = [], [], []
+    for i, root in enumerate(roots):
+        if root < 0:
+            continue
+        try:
+            dump, entries = _top(joined, g, int(root))
+        except (_Unsupported, UnicodeDecodeError):
+            continue
+        taken.append(i)
+        dumps.append(dump)
+        entry_lists.append(entries)
+    if not taken:
+        return out
+    try:
+        table, stack_ids, stacks = _entries(joined, g, np.concatenate(entry_lists))
+    except (_Unsupported, UnicodeDecodeError):   # (a text that is not UTF-8: the unpickler reports it)
+        if len(datas) == 1:
+            return out
+        # one file holds something only the unpickler reads: find it by reading each on its own
+        return [flatten_pickle(d, r) if i in set(taken) else None for i, (d, r) in enumerate(zip(datas, ranks))]
+    offset = 0
+    for i, dump, entries in zip(taken, dumps, entry_lists):
+        n = len(entries)
+        ids = stack_ids.slice(offset, n)
+        mine = {sid: stacks[sid] for sid in set(ids.drop_null().to_pylist())}
+        out[i] = assemble(dump, ranks[i], table.slice(offset, n), ids, mine, [])
+        offset += n
+    return out
+
+
+def _top(t: tape.Tape, g: _Graph, root: int) -> tuple[dict, np.ndarray]:
+    """A dump's keys other than its entries, as Python values, and its entry objects."""
+    if t.kind[root] != DICT:
+        raise _Unsupported
+    top = {}
+    for e in g.edges(root):
+        k = int(t.key[e])
+        if t.kind[k] != STR:
+            raise _Unsupported
+        top[t.text(k)] = int(t.child[e])
+    entries_id = top.get("entries")
+    if entries_id is None or t.kind[entries_id] != LIST:
+        raise _Unsupported
+    dump = {k: _materialize(t, g, v) for k, v in top.items() if k != "entries"}
+    if dump.get("_truncated"):
+        raise _Unsupported
+    return dump, g.children(entries_id)
+
+
+def _materialize(t: tape.Tape, g: _Graph, obj: int) -> Any:
+    """The Python value of a (small) object: the dump's keys other than its entries. A list of ints (a
+    world group's ranks, 16K of them) is made in one numpy call."""
+    k = t.kind[obj]
+    if k == NONE:
+        return None
+    if k == INT:
+        return int(t.value[obj])
+    if k == BOOL:
+        return bool(t.value[obj])
+    if k == FLOAT:
+        return float(t.value[obj:obj + 1].view(np.float64)[0])
+    if k == STR:
+        return t.text(obj)
+    if k in _SEQUENCES:
+        children = g.children(obj)
+        if len(children) and (t.kind[children] == INT).all():
+            items = t.value[children].tolist()
+        else:
+            items = [_materialize(t, g, int(c)) for c in children]
+        return items if k == LIST else tuple(items)
+    return {_materialize(t, g, int(t.key[e])): _materialize(t, g, int(t.child[e])) for e in g.edges(obj)}
+
+
+def _fields(t: tape.Tape, dicts: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """For the dict objects `dicts` (distinct), per name in `names`: each one's value object for that key (-1
+    where it has none). Keys are matched by text (each file memoizes its own key strings), in two compiled
+    passes over the edges."""
+    row_of, distinct_keys = tape.dict_keys(t, dicts)
+    if (t.kind[distinct_keys] != STR).any():
+        raise _Unsupported
+    texts, index = t.texts(distinct_keys) if len(distinct_keys) else ([], np.zeros(0, np.int64))
+    wanted = {name: i for i, name in enumerate(names)}
+    slot_of_text = np.array([wanted.get(text, -1) for text in texts], dtype=np.int16)
+    key_slot = np.full(len(t.kind), -1, np.int16)
+    key_slot[distinct_keys] = slot_of_text[index] if len(texts) else key_slot[distinct_keys]
+    table = tape.pivot(t, row_of, key_slot, len(names), len(dicts))
+    return {name: table[i] for i, name in enumerate(names)}
+
+
+def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, pa.Array, dict[int, list]]:
+    if len(tape.dense_codes(entry_ids, len(t.kind))[0]) != len(entry_ids) or (
+            len(entry_ids) and (t.kind[entry_ids] != DICT).any()):
+        raise _Unsupported
+    field = _fields(t, entry_ids, (*RAW_FIELDS, "frames"))
+    columns = {name: _COLUMN[kind](t, g, field[name], typ) for name, (typ, kind) in RAW_FIELDS.items()}
+    stack_ids, stacks = _stacks(t, g, field["frames"])
+    return pa.table(columns), stack_ids, stacks
+
+
+def _kinds(t: tape.Tape, ids: np.ndarray, allowed: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(present: not missing and not None, kind per entry); a kind outside `allowed` is unsupported."""
+    kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
+    if not np.isin(kind, (NONE, *allowed)).all():
+        raise _Unsupported
+    return kind != NONE, kind
+
+
+def _int_column(t, g, ids, typ):
+    present, _ = _kinds(t, ids, (INT,))
+    return pa.array(t.value[np.maximum(ids, 0)], type=typ, mask=~present)
+
+
+def _float_column(t, g, ids, typ):
+    present, kind = _kinds(t, ids, (FLOAT, INT))
+    raw = t.value[np.maximum(ids, 0)]
+    values = np.where(kind == FLOAT, raw.view(np.float64), raw.astype(np.float64))
+    return pa.array(values, type=typ, mask=~present)
+
+
+def _bool_column(t, g, ids, typ):
+    present, _ = _kinds(t, ids, (BOOL,))
+    return pa.array(t.value[np.maximum(ids, 0)] != 0, type=typ, mask=~present)
+
+
+def _texts(t: tape.Tape, ids: np.ndarray) -> pa.Array:
+    """Text of string objects `ids` (all STR): decoded once per distinct object."""
+    words, index = t.texts(ids)
+    return pa.array(words, type=pa.string()).take(pa.array(index.astype(np.int32)))
+
+
+def _str_column(t, g, ids, typ):
+    present, _ = _kinds(t, ids, (STR,))
+    if not present.any():
+        return pa.nulls(len(ids), typ)
+    texts = _texts(t, np.where(present, ids, ids[present][0]))   # (absent ones borrow a text, then masked)
+    return pc.if_else(pa.array(present), texts, pa.scalar(None, typ))
+
+
+def _sequence(t, g, ids: np.ndarray, item_kinds: tuple[int, ...]):
+    """(present, offsets, items) of the list (or tuple) objects `ids`; items of `item_kinds` only."""
+    present, _ = _kinds(t, ids, _SEQUENCES)
+    offsets, items = g.children_of(np.where(present, ids, _childless(g)))
+    if len(items) and not np.isin(t.kind[items], item_kinds).all():
+        raise _Unsupported
+    return present, offsets, items
+
+
+def _childless(g: _Graph) -> int:
+    """An object without children: a missing or None value reads as no items (then masked null)."""
+    empty = np.flatnonzero(g.count == 0)
+    return int(empty[0]) if len(empty) else 0
+
+
+def _strs_column(t, g, ids, typ):
+    present, offsets, items = _sequence(t, g, ids, (STR,))
+    values = _texts(t, items) if len(items) else pa.array([], type=pa.string())
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, mask=pa.array(~present), type=typ)
+
+
+def _sizes_column(t, g, ids, typ):
+    present, outer, shapes = _sequence(t, g, ids, _SEQUENCES)
+    inner, dims = g.children_of(shapes.astype(np.int64))
+    if len(dims) and (t.kind[dims] != INT).any():
+        raise _Unsupported
+    tensors = pa.ListArray.from_arrays(pa.array(inner.astype(np.int32)), pa.array(t.value[dims], type=pa.int64()))
+    return pa.ListArray.from_arrays(pa.array(outer.astype(np.int32)), tensors, mask=pa.array(~present), type=typ)
+
+
+_COLUMN = {"int": _int_column, "float": _float_column, "bool": _bool_column, "str": _str_column,
+           "strs": _strs_column, "sizes": _sizes_column}
+
+
+_PRIME = np.uint64(1099511628211)
+
+
+def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[int, list]]:
+    """As `flatten._stacks`: an entry's stack is its frames list (a list, not empty), its id the hash of the
+    frames' (name, filename, line). Frames are told apart by content hashes from the tape (equal texts hash
+    equal across files), a stack by a hash of its frames in order; text is decoded and the id computed once
+    per distinct stack."""
+    n = len(ids)
+    kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
+    has = (kind == LIST) & (g.count[np.maximum(ids, 0)] > 0)
+    offsets, frames = g.children_of(np.where(has, ids, _childless(g)))
+    if len(frames) == 0:
+        return pa.nulls(n, pa.uint64()), {}
+    if (t.kind[frames] != DICT).any():
+        raise _Unsupported
+    distinct, frame_of = tape.dense_codes(frames, len(t.kind))
+    field = _fields(t, distinct, ("name", "filename", "line"))
+    parts = []
+    for name, allowed in (("name", STR), ("filename", STR), ("line", INT)):
+        vid = field[name]
+        present, _ = _kinds(t, vid, (allowed,))
+        parts.append((vid, present, np.where(present, t.value[np.maximum(vid, 0)], 0).astype(np.uint64)))
+    with np.errstate(over="ignore"):
+        frame_key = np.uint64(14695981039346656037)
+        for vid, present, h in parts:
+            frame_key = (frame_key ^ h ^ present.astype(np.uint64)) * _PRIME
+        # each stack: the sum of its frames' keys, each times PRIME^(its place), over the entry's segment
+        within = np.arange(len(frames)) - np.repeat(offsets[:-1], np.diff(offsets))
+        powers = np.cumprod(np.full(int(within.max()) + 1, _PRIME, dtype=np.uint64)) if len(within) else []
+        terms = frame_key[frame_of] * np.asarray(powers)[within]
+        nonempty = np.diff(offsets) > 0
+        seq_key = np.zeros(n, np.uint64)
+        seq_key[nonempty] = np.add.reduceat(terms, offsets[:-1][nonempty])
+        seq_key ^= np.diff(offsets).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    keys, first, inverse = np.unique(seq_key[has], return_index=True, return_inverse=True)
+    rows = np.flatnonzero(has)
+    stacks: dict[int, list] = {}
+    sid_of_key = np.empty(len(keys), np.uint64)
+    for j, row in enumerate(rows[first]):
+        members = frame_of[offsets[row]:offsets[row + 1]]
+        objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
+                    for (name, allowed), (vid, present, _) in zip((("name", STR), ("filename", STR), ("line", INT)),
+                                                                  parts)} for f in members]
+        sid = _stack_hash(objects)
+        sid_of_key[j] = sid
+        stacks.setdefault(sid, [{"name": _as_str(f["name"]), "filename": _as_str(f["filename"]),
+                                 "line": _as_int(f["line"])} for f in objects])
+    out = np.zeros(n, np.uint64)
+    out[rows] = sid_of_key[inverse]
+    return pa.array(out, type=pa.uint64(), mask=~has), stacks

@@ -1,0 +1,500 @@
+"""Read a pickle into a flat object table without building Python objects (optional: needs numba).
+
+`pickle.load` builds a dict, a list or a str for every value, and then flightrec walks those objects once
+more to make Arrow columns: at 16K ranks x 2,000 entries that is ~10 us an entry on one core, most of the
+cold `analyze`. Here a compiled loop walks the opcodes once and records each object it would have built as
+a row: its kind, its int (or float bits), where its text lies in the buffer. Containers are edges (parent,
+key, child); memo references point at rows already made, so the writer's sharing (keys, repeated strings,
+frame dicts) costs nothing and is kept as identity. `fastflat` turns the table into the same columns as
+`flatten.flatten_dump`.
+
+Only the opcodes that build plain data are read (protocols 2-5, as the recorder's pickler and Python's write
+them); anything else, a truncated stream, a reference out of range or an int wider than 64 bits gives `None`
+and the caller goes the safe unpickler's way (readers.py), which reports what is wrong. Every read is bounds-
+checked: the input is someone else's file, and this loop must not read past it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NONE, INT, FLOAT, STR, BOOL, LIST, DICT, TUPLE = range(8)
+
+# the walker's status when its tables are too small for the input (then retried with larger ones)
+_TOO_SMALL = -2
+
+_walk = None   # the compiled walker, made by `warm` (numba is imported only then: ~0.5 s)
+_walk_one = None
+
+
+def available() -> bool:
+    """numba is installed (`pip install flightrec[fast]`)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def warm() -> None:
+    """Compile the walker, or load it from numba's cache next to this file (~0.4 s; ~3 s the first time).
+    Called before the parsing workers fork, so they inherit it instead of each loading it again."""
+    global _walk
+    if _walk is None:
+        import numba
+
+        global _walk_one
+        _walk_one = numba.njit(cache=True, nogil=True)(_walk_one_py)
+        walk = numba.njit(cache=True, nogil=True)(_walk_py)
+        walk(np.frombuffer(b"\x80\x02N.", dtype=np.uint8), np.zeros(1, np.int64), np.full(1, 4, np.int64), 64, 64)
+        _walk = walk
+        dense_codes(np.zeros(1, np.int64), 1)
+        _compiled("group_by_parent", _group_by_parent_py)(np.zeros(1, np.int32), 1)
+        group_by(np.zeros(1, np.int64), 1)
+        _compiled("dict_keys", _dict_keys_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64), 1)
+        _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
+                                                  np.zeros(1, np.int32), np.zeros(1, np.int64))
+        _compiled("pivot", _pivot_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),
+                                      np.zeros(1, np.int32), np.zeros(1, np.int16), 1, 1)
+    
+
+
+@dataclass(frozen=True)
+class Tape:
+    """Objects 0..n-1 in the order the pickle built them, and container edges in the order items were added.
+
+    kind: one of NONE..TUPLE; value: an int's value, a bool as 0/1, a float's IEEE bits, a str's 64-bit
+    FNV-1a hash of its bytes (equal texts, equal values, across files); text_start, text_len: a str's UTF-8
+    bytes in `data`. Edge i: child `child[i]` of `parent[i]`, under key `key[i]` (an
+    object) for dicts, -1 for lists and tuples. `root`: the object the pickle returns."""
+
+    data: bytes
+    kind: np.ndarray
+    value: np.ndarray
+    text_start: np.ndarray
+    text_len: np.ndarray
+    parent: np.ndarray
+    key: np.ndarray
+    child: np.ndarray
+    root: int
+    _long_texts: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def texts(self, objs: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """The distinct texts of str objects `objs` and each one's index among them: decoded once per
+        distinct content (by the walker's hash), not once per object (each file has its own objects)."""
+        _, first, index = np.unique(self.value[objs], return_index=True, return_inverse=True)
+        return [self.text(int(objs[i])) for i in first], index
+
+    def text(self, obj: int) -> str:
+        start, size = int(self.text_start[obj]), int(self.text_len[obj])
+        if size < 1024:
+            return self.data[start:start + size].decode("utf-8", "surrogatepass")
+        # a long text (the world group's rank list, in every file) is decoded once: the same str object
+        # then also hashes once where it is a key (flatten._rank_list_key)
+        known = self._long_texts.get(int(self.value[obj]))
+        if known is None:
+            known = self._long_texts[int(self.value[obj])] = self.data[start:start + size].decode("utf-8", "surrogatepass")
+        return known
+
+
+def read(data: bytes) -> Tape | None:
+    """The object table of a pickle, or None when this reader doesn't take it (see the module doc)."""
+    tapes, roots = read_many([data])
+    if tapes is None or roots[0] < 0:
+        return None
+    return Tape(tapes.data, tapes.kind, tapes.value, tapes.text_start, tapes.text_len, tapes.parent, tapes.key,
+                tapes.child, int(roots[0]))
+
+
+def read_many(datas: list[bytes]) -> tuple[Tape | None, np.ndarray]:
+    """One table for many pickles (ids run on from file to file, text offsets point into the joined bytes), and
+    each one's root object: -1 for a file this reader doesn't take (its objects are left out)."""
+    if not datas:
+        return None, np.zeros(0, np.int64)
+    warm()
+    joined = b"".join(datas)
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    sizes = np.array([len(d) for d in datas], dtype=np.int64)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    memo_capacity = int(sizes.max()) // 2 + 64   # a memo slot follows an object: two bytes at least
+    capacity = len(joined) // 4 + 64
+    while True:
+        status, roots, kind, value, start, length, parent, key, child, n_obj, n_edge = _walk(
+            buf, starts, ends, capacity, memo_capacity)
+        if status == _TOO_SMALL and capacity < 2 * len(joined) + 64:
+            capacity = 2 * len(joined) + 64   # every object, edge or stack slot takes a byte of input at least
+            continue
+        break
+    if status < 0:
+        return None, np.full(len(datas), -1, np.int64)
+    return Tape(joined, kind[:n_obj], value[:n_obj], start[:n_obj], length[:n_obj], parent[:n_edge],
+                key[:n_edge], child[:n_edge], -1), roots
+
+
+def _walk_py(data, file_starts, file_ends, capacity, memo_capacity):
+    """Opcode walker over the files `data[file_starts[i]:file_ends[i]]` (compiled by numba in `warm`).
+    Returns (status: 0 or _TOO_SMALL, each file's root or -1, tables..., objects, edges)."""
+    kind = np.empty(capacity, np.int8)
+    value = np.empty(capacity, np.int64)
+    start = np.empty(capacity, np.int64)
+    length = np.empty(capacity, np.int64)
+    parent = np.empty(capacity, np.int32)
+    key = np.empty(capacity, np.int32)
+    child = np.empty(capacity, np.int32)
+    memo = np.full(memo_capacity, -1, np.int32)
+    stack = np.empty(capacity, np.int32)
+    marks = np.empty(1024, np.int64)
+    roots = np.full(file_starts.size, -1, np.int64)
+    n_obj = 0
+    n_edge = 0
+    for f in range(file_starts.size):
+        first_obj, first_edge = n_obj, n_edge
+        root, n_obj, n_edge, used = _walk_one(data, file_starts[f], file_ends[f], kind, value, start, length,
+                                              parent, key, child, memo, stack, marks, n_obj, n_edge, capacity)
+        memo[:used] = -1
+        if root == _TOO_SMALL:
+            return _TOO_SMALL, roots, kind, value, start, length, parent, key, child, 0, 0
+        if root < 0:   # not taken: its objects are dropped
+            n_obj, n_edge = first_obj, first_edge
+        roots[f] = root
+    return 0, roots, kind, value, start, length, parent, key, child, n_obj, n_edge
+
+
+def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, memo, stack, marks, n_obj, n_edge,
+                 capacity):
+    """One file, from `pos` to `n`: returns (its root, -1 when not taken, or _TOO_SMALL; objects and edges
+    so far; memo slots used, to clear for the next file)."""
+    memo_capacity = memo.size
+    sp = 0
+    mp = 0
+    n_memo = 0   # MEMOIZE (protocol 4) puts at the next free index
+    used = 0
+    root = -1
+    while pos < n:
+        op = data[pos]
+        pos += 1
+        made = -1   # a new object to push
+        if op == 0x80:  # PROTO
+            if pos + 1 > n:
+                break
+            pos += 1
+        elif op == 0x95:  # FRAME: an 8-byte length, framing only
+            if pos + 8 > n:
+                break
+            pos += 8
+        elif op == 0x2E:  # STOP
+            if sp == 1 and mp == 0:
+                root = stack[0]
+            break
+        elif op == 0x7D or op == 0x5D or op == 0x29:  # EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = DICT if op == 0x7D else (LIST if op == 0x5D else TUPLE)
+            made = n_obj
+            n_obj += 1
+        elif op == 0x28:  # MARK
+            if mp >= marks.size:
+                break
+            marks[mp] = sp
+            mp += 1
+        elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT, LONG_BINPUT, MEMOIZE
+            if sp == 0:
+                break
+            if op == 0x71:
+                if pos + 1 > n:
+                    break
+                index = np.int64(data[pos])
+                pos += 1
+            elif op == 0x72:
+                if pos + 4 > n:
+                    break
+                index = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
+                         | (np.int64(data[pos + 3]) << 24))
+                pos += 4
+            else:
+                index = n_memo
+            if index >= memo_capacity:
+                break
+            memo[index] = stack[sp - 1]
+            n_memo = max(n_memo, index + 1)
+            used = max(used, index + 1)
+        elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
+            if op == 0x68:
+                if pos + 1 > n:
+                    break
+                index = np.int64(data[pos])
+                pos += 1
+            else:
+                if pos + 4 > n:
+                    break
+                index = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
+                         | (np.int64(data[pos + 3]) << 24))
+                pos += 4
+            if index >= memo_capacity or memo[index] < 0:
+                break
+            made = memo[index]
+        elif op == 0x58 or op == 0x8C:  # BINUNICODE (4-byte length), SHORT_BINUNICODE (1-byte)
+            if op == 0x58:
+                if pos + 4 > n:
+                    break
+                size = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
+                        | (np.int64(data[pos + 3]) << 24))
+                pos += 4
+            else:
+                if pos + 1 > n:
+                    break
+                size = np.int64(data[pos])
+                pos += 1
+            if pos + size > n:
+                break
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = STR
+            start[n_obj] = pos
+            length[n_obj] = size
+            h = np.uint64(14695981039346656037)
+            for k in range(pos, pos + size):
+                h = (h ^ np.uint64(data[k])) * np.uint64(1099511628211)
+            value[n_obj] = np.int64(h)
+            pos += size
+            made = n_obj
+            n_obj += 1
+        elif op == 0x4B or op == 0x4D or op == 0x4A or op == 0x8A:  # BININT1, BININT2, BININT, LONG1
+            v = np.int64(0)
+            if op == 0x4B:
+                if pos + 1 > n:
+                    break
+                v = np.int64(data[pos])
+                pos += 1
+            elif op == 0x4D:
+                if pos + 2 > n:
+                    break
+                v = np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8)
+                pos += 2
+            elif op == 0x4A:
+                if pos + 4 > n:
+                    break
+                v = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
+                     | (np.int64(data[pos + 3]) << 24))
+                if v >= 2147483648:
+                    v -= 4294967296
+                pos += 4
+            else:
+                if pos + 1 > n:
+                    break
+                size = np.int64(data[pos])
+                pos += 1
+                if size > 8 or pos + size > n:
+                    break   # wider than 64 bits: the unpickler's way
+                for k in range(size):
+                    v |= np.int64(data[pos + k]) << (8 * k)
+                if 0 < size < 8 and data[pos + size - 1] >= 128:
+                    v -= np.int64(1) << (8 * size)
+                pos += size
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = INT
+            value[n_obj] = v
+            made = n_obj
+            n_obj += 1
+        elif op == 0x47:  # BINFLOAT: 8 bytes, big-endian
+            if pos + 8 > n:
+                break
+            bits = np.int64(0)
+            for k in range(8):
+                bits = (bits << 8) | np.int64(data[pos + k])
+            pos += 8
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = FLOAT
+            value[n_obj] = bits
+            made = n_obj
+            n_obj += 1
+        elif op == 0x4E or op == 0x88 or op == 0x89:  # NONE, NEWTRUE, NEWFALSE
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = NONE if op == 0x4E else BOOL
+            value[n_obj] = 1 if op == 0x88 else 0
+            made = n_obj
+            n_obj += 1
+        elif op == 0x61 or op == 0x73:  # APPEND (list, item), SETITEM (dict, key, value)
+            items = 1 if op == 0x61 else 2
+            if sp < items + 1:
+                break
+            target = stack[sp - items - 1]
+            if kind[target] != (LIST if op == 0x61 else DICT):
+                break
+            if n_edge >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            parent[n_edge] = target
+            key[n_edge] = -1 if op == 0x61 else stack[sp - 2]
+            child[n_edge] = stack[sp - 1]
+            n_edge += 1
+            sp -= items
+        elif op == 0x65 or op == 0x75:  # APPENDS, SETITEMS: the items since the last MARK
+            if mp == 0:
+                break
+            mp -= 1
+            m = marks[mp]
+            step = 1 if op == 0x65 else 2
+            if m < 1 or (sp - m) % step != 0:
+                break
+            target = stack[m - 1]
+            if kind[target] != (LIST if op == 0x65 else DICT):
+                break
+            if n_edge + (sp - m) // step > capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            for k in range(m, sp, step):
+                parent[n_edge] = target
+                key[n_edge] = -1 if step == 1 else stack[k]
+                child[n_edge] = stack[k + step - 1]
+                n_edge += 1
+            sp = m
+        elif op == 0x74 or op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE (since MARK), TUPLE1/2/3
+            if op == 0x74:
+                if mp == 0:
+                    break
+                mp -= 1
+                m = marks[mp]
+            else:
+                m = sp - (op - 0x84)
+                if m < 0:
+                    break
+            if n_obj >= capacity or n_edge + (sp - m) > capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = TUPLE
+            for k in range(m, sp):
+                parent[n_edge] = n_obj
+                key[n_edge] = -1
+                child[n_edge] = stack[k]
+                n_edge += 1
+            sp = m
+            made = n_obj
+            n_obj += 1
+        else:
+            break   # anything else (globals, reduce, bytes, persistent ids...): not plain recorder data
+        if made >= 0:
+            if sp >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            stack[sp] = made
+            sp += 1
+    return root, n_obj, n_edge, used
+
+
+
+def _group_by_parent_py(parent, n_obj):
+    """Counting sort of edges by parent, stable: (order, first edge of each object, its edge count)."""
+    count = np.zeros(n_obj, np.int32)
+    for p in parent:
+        count[p] += 1
+    start = np.empty(n_obj, np.int64)
+    total = 0
+    for i in range(n_obj):
+        start[i] = total
+        total += count[i]
+    order = np.empty(parent.size, np.int32)
+    for e in range(parent.size):
+        p = parent[e]
+        order[start[p]] = e
+        start[p] += 1
+    for i in range(n_obj):
+        start[i] -= count[i]
+    return order, start, count
+
+
+def _children_of_py(child, order, start, count, parents):
+    """(offsets, children) of each of `parents`, concatenated in order."""
+    offsets = np.empty(parents.size + 1, np.int64)
+    offsets[0] = 0
+    for i in range(parents.size):
+        offsets[i + 1] = offsets[i] + count[parents[i]]
+    out = np.empty(offsets[-1], np.int64)
+    for i in range(parents.size):
+        s = start[parents[i]]
+        for k in range(count[parents[i]]):
+            out[offsets[i] + k] = child[order[s + k]]
+    return offsets, out
+
+
+def _dense_codes_py(values, n_obj):
+    """Object ids `values` -> (the distinct ones in order of first appearance, each value's index among them)."""
+    code_of = np.full(n_obj, -1, np.int64)
+    distinct = np.empty(values.size, np.int64)
+    codes = np.empty(values.size, np.int64)
+    n = 0
+    for i in range(values.size):
+        v = values[i]
+        if code_of[v] < 0:
+            code_of[v] = n
+            distinct[n] = v
+            n += 1
+        codes[i] = code_of[v]
+    return distinct[:n], codes
+
+
+_helpers: dict = {}
+
+
+def group_by_parent(t: "Tape") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, start, count): the edges of object i are `order[start[i]:start[i] + count[i]]`, as added."""
+    return _compiled("group_by_parent", _group_by_parent_py)(t.parent, len(t.kind))
+
+
+def group_by(codes: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(order, start, count) of small non-negative int `codes`, by a stable counting sort."""
+    return _compiled("group_by_parent", _group_by_parent_py)(codes.astype(np.int64), n_codes)
+
+
+def dense_codes(values: np.ndarray, n_obj: int) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_inverse=True)` in one pass, distinct values in order of first appearance."""
+    return _compiled("dense_codes", _dense_codes_py)(values.astype(np.int64), n_obj)
+
+
+def _compiled(name: str, fn):
+    if name not in _helpers:
+        import numba
+
+        _helpers[name] = numba.njit(cache=True, nogil=True)(fn)
+    return _helpers[name]
+
+
+def _dict_keys_py(parent, key, dicts, n_obj):
+    """For the dict objects `dicts`: each object's row among them (-1 for others), and the distinct key
+    objects of their items."""
+    row_of = np.full(n_obj, -1, np.int32)
+    for i in range(dicts.size):
+        row_of[dicts[i]] = i
+    seen = np.zeros(n_obj, np.bool_)
+    distinct = np.empty(parent.size, np.int64)
+    n = 0
+    for e in range(parent.size):
+        if row_of[parent[e]] >= 0 and not seen[key[e]]:
+            seen[key[e]] = True
+            distinct[n] = key[e]
+            n += 1
+    return row_of, distinct[:n]
+
+
+def _pivot_py(parent, key, child, row_of, key_slot, n_slots, n_rows):
+    """(slot, row) -> the value object of row's item whose key has that slot; -1 where none."""
+    out = np.full((n_slots, n_rows), -1, np.int64)
+    for e in range(parent.size):
+        r = row_of[parent[e]]
+        if r >= 0:
+            s = key_slot[key[e]]
+            if s >= 0:
+                out[s, r] = child[e]
+    return out
+
+
+def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
+                parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return _compiled("children_of", _children_of_py)(t.child, order, start, count, parents.astype(np.int64))
+
+
+def dict_keys(t: "Tape", dicts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return _compiled("dict_keys", _dict_keys_py)(t.parent, t.key, dicts.astype(np.int64), len(t.kind))
+
+
+def pivot(t: "Tape", row_of: np.ndarray, key_slot: np.ndarray, n_slots: int, n_rows: int) -> np.ndarray:
+    return _compiled("pivot", _pivot_py)(t.parent, t.key, t.child, row_of, key_slot, n_slots, n_rows)

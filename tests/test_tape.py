@@ -1,0 +1,113 @@
+"""The tape reader (optional, numba): the same columns as the unpickler's way, on every dump it takes; None
+(the unpickler's way) on anything else; never a crash on a hostile file."""
+
+import pickle
+import random
+import warnings
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flightrec import LoadOptions, load, synth
+from flightrec.flatten import flatten_dump
+from flightrec.readers import read_dump, read_dump_bytes
+from flightrec.schema import KNOWN_DUMP_VERSIONS
+
+from .conftest import FIXTURES
+
+pytest.importorskip("numba")
+from flightrec import fastflat, tape  # noqa: E402  (after the skip: both need numba to run)
+
+PICKLES = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.read_bytes()[:1] == b"\x80")
+
+
+def _same(want: dict, got: dict) -> None:
+    assert got is not None
+    assert set(got) == set(want)
+    for key in want:
+        if hasattr(want[key], "equals"):
+            assert got[key].equals(want[key]), key
+        else:
+            assert got[key] == want[key], key
+
+
+def test_every_fixture_pickle_reads_the_same():
+    assert len(PICKLES) >= 40
+    for path in PICKLES:
+        _same(flatten_dump(read_dump(path)[0], 5), fastflat.flatten_pickle(read_dump_bytes(path), 5))
+
+
+@pytest.mark.parametrize("version", [v for v in KNOWN_DUMP_VERSIONS if v != "1.0"])
+def test_every_recorder_version_reads_the_same(tmp_path, version):
+    """Each version's field names and quirks (seq_id vs collective_seq_id, time_created_us, no threads...),
+    timing on and off, with and without stacks, read through both ways in one batch."""
+    paths = []
+    for timing in (True, False):
+        job = synth.Job(tp=2, pp=2, dp=2, steps=3, version=version, timing=timing, with_stacks=timing,
+                        fault=synth.Fault(kind="not_joined") if timing else synth.Fault(kind="none"), seed=7)
+        synth.generate(job, tmp_path / str(timing))
+        paths += sorted(p for p in (tmp_path / str(timing)).rglob("*_rank_*") if p.is_file())[:4]
+    got = fastflat.flatten_pickles([read_dump_bytes(p) for p in paths], list(range(len(paths))))
+    for rank, (path, out) in enumerate(zip(paths, got)):
+        _same(flatten_dump(read_dump(path)[0], rank), out)
+
+
+def test_a_file_the_tape_does_not_take_leaves_the_rest_of_its_batch():
+    """A value of an unexpected type (a string record id): that file goes the unpickler's way, which notes
+    the problem; the others in the batch are still read by the tape."""
+    good = PICKLES[0].read_bytes()
+    dump = pickle.loads(good)
+    dump["entries"][0]["record_id"] = "seven"
+    odd = pickle.dumps(dump, protocol=2)
+    got = fastflat.flatten_pickles([good, odd, good, b"\x80\x02junk"], [0, 1, 2, 3])
+    assert got[0] is not None and got[2] is not None and got[1] is None and got[3] is None
+
+
+def test_load_gives_the_same_trace_either_way(tmp_path):
+    out = tmp_path / "job"
+    synth.generate(synth.Job(tp=2, pp=2, dp=2, steps=4, fault=synth.Fault(kind="not_joined")), out)
+    (out / "nccl_trace_rank_3").write_bytes(b"\x80\x02}q\x00(X\x07\x00\x00\x00entries")   # cut short
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = load(out, LoadOptions(use_cache=False, reader="tape", workers=1))
+        slow = load(out, LoadOptions(use_cache=False, reader="unpickler", workers=1))
+    for name in ("dumps", "entries", "stacks", "groups", "members", "pg_status"):
+        assert getattr(fast, name).equals(getattr(slow, name)), name
+
+
+values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(values, st.sampled_from([2, 3, 4, 5]))
+def test_the_tape_holds_what_pickle_built(value, protocol):
+    data = pickle.dumps(value, protocol=protocol)
+    t = tape.read(data)
+    assert t is not None
+    assert fastflat._materialize(t, fastflat._Graph(t), t.root) == value
+
+
+def test_hostile_bytes_never_crash_the_reader():
+    """Cut, flipped and spliced bytes of a real dump: the reader says None or reads a table, never reads past
+    the buffer or crashes (the unpickler's way then reports what is wrong)."""
+    rng = random.Random(7)
+    data = bytearray(PICKLES[0].read_bytes())
+    for _ in range(400):
+        mutated = bytearray(data)
+        what = rng.random()
+        if what < 0.3:
+            mutated = mutated[:rng.randrange(len(mutated))]
+        elif what < 0.8:
+            for _ in range(rng.randint(1, 8)):
+                mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        else:
+            i, j = sorted(rng.sample(range(len(mutated)), 2))
+            mutated[i:i] = mutated[j:j + 64]
+        t = tape.read(bytes(mutated))
+        assert t is None or 0 <= t.root < len(t.kind)
+        fastflat.flatten_pickle(bytes(mutated), 0)   # None or a result; no exception
