@@ -46,8 +46,9 @@ class TimingOptions:
 class TimingResult:
     """Frames behind the timing findings (see `per_rank`, `per_host`, `lateness`)."""
 
-    lateness: pl.DataFrame          # (group, collective_seq_id, rank, cross, timeout_ms, late_ms, last_to_arrive):
-                                    # one row per member per collective of the window (hosts: join per_rank)
+    lateness: pl.DataFrame          # (group, collective_seq_id, rank, cross, timeout_ms, late_ms, last_to_arrive,
+                                    # last_host_to_arrive): one row per member per collective of the window (hosts:
+                                    # join per_rank)
     per_rank: pl.DataFrame          # rank, host, n, median_late_ms, late_fraction, straggler, tied_with, groups
     per_host: pl.DataFrame          # host, ranks, median_late_ms, straggler, threshold_ms, tied_with, clock_offset_ms
     # tied_with: pipeline neighbours named as stragglers too, as late as this one: one of them is the cause
