@@ -3,9 +3,9 @@
 Gives exactly what `flatten.flatten_dump(unpickled dump)` gives, for the dumps the recorder writes: every entry a
 dict, every value of its field's type (a missing key or None is null). Anything else (a value of another
 type, an entry that is not a dict, a dump that is a bare list) returns None, and the caller takes the
-unpickler's way, which coerces, notes the problem and salvages. Per field the values are gathered by key with
-numpy; text is decoded once per distinct string object (the writer memoizes repeated strings, so a few
-hundred a file), frames once per distinct frame dict.
+unpickler's way, which coerces, notes the problem and salvages. The entry dicts' edges are pivoted into one
+value column per field by compiled passes (tape.pivot); text is decoded once per distinct content (by the
+walker's hash: each file has its own string objects), stacks hashed once per distinct frame sequence.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def flatten_pickles(datas: list[bytes], ranks: list[int]) -> list[dict[str, Any]
         if len(datas) == 1:
             return out
         # one file holds something only the unpickler reads: find it by reading each on its own
-        return [flatten_pickle(d, r) if i in set(taken) else None for i, (d, r) in enumerate(zip(datas, ranks))]
+        alone = set(taken)
+        return [flatten_pickle(d, r) if i in alone else None for i, (d, r) in enumerate(zip(datas, ranks))]
     offset = 0
     for i, dump, entries in zip(taken, dumps, entry_lists):
         n = len(entries)

@@ -200,7 +200,10 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
         if data[:1] == b"\x80":
             datas.append(data)
             taken.append((path, rank))
-    flat = dict(zip(taken, fastflat.flatten_pickles(datas, [rank for _, rank in taken]))) if datas else {}
+    try:
+        flat = dict(zip(taken, fastflat.flatten_pickles(datas, [rank for _, rank in taken]))) if datas else {}
+    except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them all
+        flat = {}
     del datas
     out = []
     for item in items:

@@ -111,3 +111,29 @@ def test_hostile_bytes_never_crash_the_reader():
         t = tape.read(bytes(mutated))
         assert t is None or 0 <= t.root < len(t.kind)
         fastflat.flatten_pickle(bytes(mutated), 0)   # None or a result; no exception
+
+
+def test_a_deeply_nested_dump_goes_the_unpickler_way_without_costing_its_chunk(tmp_path):
+    """Lists nested 5,000 deep in pg_config: the tape walks them (no MARK, no limit), building their Python
+    values recurses too deep. That file gets the unpickler's answer; the other files are read as usual."""
+    import sys
+
+    synth.generate(synth.Job(tp=2, pp=1, dp=2, steps=2), tmp_path)
+    deep = cur = []
+    for _ in range(5000):
+        cur.append([])
+        cur = cur[0]
+    dump = pickle.loads((tmp_path / "nccl_trace_rank_1").read_bytes())
+    dump["pg_config"]["deep"] = {"name": "x", "ranks": deep}
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(50_000)
+    try:
+        (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(dump, protocol=2))
+    finally:
+        sys.setrecursionlimit(limit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = load(tmp_path, LoadOptions(use_cache=False, reader="tape", workers=1))
+        slow = load(tmp_path, LoadOptions(use_cache=False, reader="unpickler", workers=1))
+    assert fast.dumps.equals(slow.dumps) and fast.entries.equals(slow.entries)
+    assert fast.dumps.filter(fast.dumps["rank"] != 1)["loaded"].all()
