@@ -188,6 +188,24 @@ def _parse_one(path: str, rank: int) -> dict:
         return _refused(rank, f"{path}: could not be read ({type(exc).__name__}: {exc})")
 
 
+# The tape's tables take ~10 bytes per byte of input: files go through it a few MB at a time (enough to spread
+# its per-call numpy work over dozens of 200-entry files), so a worker's memory stays bounded.
+_TAPE_BATCH_BYTES = 8 << 20
+
+
+def _batches(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive indexes of `sizes`, grouped so each group's total stays under `limit` (a bigger one alone)."""
+    out: list[list[int]] = [[]]
+    held = 0
+    for i, size in enumerate(sizes):
+        if out[-1] and held + size > limit:
+            out.append([])
+            held = 0
+        out[-1].append(i)
+        held += size
+    return [b for b in out if b]
+
+
 def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
     """A chunk of files through the tape reader at once (`fastflat.flatten_pickles`); the files it doesn't
     take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
@@ -200,10 +218,13 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
         if data[:1] == b"\x80":
             datas.append(data)
             taken.append((path, rank))
-    try:
-        flat = dict(zip(taken, fastflat.flatten_pickles(datas, [rank for _, rank in taken]))) if datas else {}
-    except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them all
-        flat = {}
+    flat: dict = {}
+    for batch in _batches([len(d) for d in datas], _TAPE_BATCH_BYTES):
+        try:
+            flat.update(zip([taken[i] for i in batch],
+                            fastflat.flatten_pickles([datas[i] for i in batch], [taken[i][1] for i in batch])))
+        except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them
+            pass
     del datas
     out = []
     for item in items:

@@ -117,12 +117,14 @@ def read_many(datas: list[bytes]) -> tuple[Tape | None, np.ndarray]:
     ends = np.cumsum(sizes)
     starts = ends - sizes
     memo_capacity = int(sizes.max()) // 2 + 64   # a memo slot follows an object: two bytes at least
+    # (dumps hold an edge per 5-18 bytes, an object per 8-32: start there, double when short, up to a slot
+    # per byte, which is always enough: every object, edge or stack slot takes a byte of input at least)
     capacity = len(joined) // 4 + 64
     while True:
         status, roots, kind, value, start, length, parent, key, child, n_obj, n_edge = _walk(
             buf, starts, ends, capacity, memo_capacity)
-        if status == _TOO_SMALL and capacity < 2 * len(joined) + 64:
-            capacity = 2 * len(joined) + 64   # every object, edge or stack slot takes a byte of input at least
+        if status == _TOO_SMALL and capacity < len(joined) + 64:
+            capacity = min(2 * capacity, len(joined) + 64)
             continue
         break
     if status < 0:
