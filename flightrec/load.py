@@ -57,7 +57,7 @@ class LoadOptions:
         progress: called as progress(done_files, total_files) while parsing.
         reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow (always
             available). "tape": the compiled opcode reader (`flightrec.tape`; needs numba, `pip install
-            flightrec[fast]`), same columns, several times faster, ~1.3 s to start. "auto" (default): the
+            flightrec[fast]`), same columns, 1.2-1.9x faster cold, ~1.3 s to start. "auto" (default): the
             tape when numba is installed and the pickles add up to `TAPE_MIN_BYTES`, else the unpickler.
     """
 
@@ -71,7 +71,7 @@ class LoadOptions:
 
 
 # Below this much input the tape reader's start (importing numba, loading the compiled walker: ~1.3 s) costs
-# more than it saves: it parses ~3x faster than the unpickler, which reads ~100 MB a second on one core.
+# more than it saves (it saves ~40% of ~10 s per 400 MB at 2,000 entries a file, on two workers).
 TAPE_MIN_BYTES = 256 << 20
 
 
@@ -173,10 +173,11 @@ def format_ranks(ranks: Iterable[int], limit: int = 12) -> str:
 # ---------------------------------------------------------------------------------------------- parsing
 
 
-def _parse_one(path: str, rank: int) -> dict:
-    """Worker: read and flatten one file. Errors come back as data so one bad file can't stop the job."""
+def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
+    """Worker: read (unless `data` was) and flatten one file. Errors come back as data so one bad file can't
+    stop the job."""
     try:
-        dump, fmt = parse_dump_bytes(read_dump_bytes(Path(path)), path)
+        dump, fmt = parse_dump_bytes(read_dump_bytes(Path(path)) if data is None else data, path)
         out = flatten_dump(dump, rank)
         del dump
         out["meta"]["format"] = fmt
@@ -209,15 +210,17 @@ def _batches(sizes: list[int], limit: int) -> list[list[int]]:
 def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
     """A chunk of files through the tape reader at once (`fastflat.flatten_pickles`); the files it doesn't
     take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
-    datas, taken = [], []
+    datas, taken, others = [], [], {}
     for path, rank in items:
         try:
             data = read_dump_bytes(Path(path))
         except (FlightrecError, OSError):
-            continue
+            continue   # (read again by _parse_one, which reports why)
         if data[:1] == b"\x80":
             datas.append(data)
             taken.append((path, rank))
+        else:
+            others[(path, rank)] = data   # JSON (and below, pickles the tape leaves): read once, parsed as ever
     flat: dict = {}
     for batch in _batches([len(d) for d in datas], _TAPE_BATCH_BYTES):
         try:
@@ -225,12 +228,13 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
                             fastflat.flatten_pickles([datas[i] for i in batch], [taken[i][1] for i in batch])))
         except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them
             pass
+    others.update((item, data) for item, data in zip(taken, datas) if flat.get(item) is None)
     del datas
     out = []
     for item in items:
         result = flat.get(item)
         if result is None:
-            out.append(_parse_one(*item))
+            out.append(_parse_one(*item, others.pop(item, None)))
         else:
             result["meta"].update(format="pickle", loaded=True)
             out.append(result)
