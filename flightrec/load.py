@@ -57,7 +57,7 @@ class LoadOptions:
         progress: called as progress(done_files, total_files) while parsing.
         reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow (always
             available). "tape": the compiled opcode reader (`flightrec.tape`; needs numba, `pip install
-            flightrec[fast]`), same columns, 1.2-1.9x faster cold, ~1.3 s to start. "auto" (default): the
+            flightrec[fast]`), same columns, 1.2-2.2x faster cold, ~1.3 s to start. "auto" (default): the
             tape when numba is installed and the pickles add up to `TAPE_MIN_BYTES`, else the unpickler.
     """
 
