@@ -28,6 +28,7 @@ _TOO_SMALL = -2
 
 _walk = None   # the compiled walker, made by `warm` (numba is imported only then: ~0.5 s)
 _walk_one = None
+_u32 = None
 
 
 def available() -> bool:
@@ -42,7 +43,8 @@ def warm() -> None:
     if _walk is None:
         import numba
 
-        global _walk_one
+        global _walk_one, _u32
+        _u32 = numba.njit(cache=True, nogil=True, inline="always")(_u32_py)
         _walk_one = numba.njit(cache=True, nogil=True)(_walk_one_py)
         walk = numba.njit(cache=True, nogil=True)(_walk_py)
         walk(np.frombuffer(b"\x80\x02N.", dtype=np.uint8), np.zeros(1, np.int64), np.full(1, 4, np.int64), 64, 64)
@@ -162,6 +164,12 @@ def _walk_py(data, file_starts, file_ends, capacity, memo_capacity):
     return 0, roots, kind, value, start, length, parent, key, child, n_obj, n_edge
 
 
+def _u32_py(data, pos):
+    """The little-endian unsigned 32-bit int at `pos` (the caller checked that 4 bytes are there)."""
+    return (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
+            | (np.int64(data[pos + 3]) << 24))
+
+
 def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, memo, stack, marks, n_obj, n_edge,
                  capacity):
     """One file, from `pos` to `n`: returns (its root, -1 when not taken, or _TOO_SMALL; objects and edges
@@ -210,8 +218,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
             elif op == 0x72:
                 if pos + 4 > n:
                     break
-                index = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
-                         | (np.int64(data[pos + 3]) << 24))
+                index = _u32(data, pos)
                 pos += 4
             else:
                 index = n_memo
@@ -229,8 +236,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
             else:
                 if pos + 4 > n:
                     break
-                index = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
-                         | (np.int64(data[pos + 3]) << 24))
+                index = _u32(data, pos)
                 pos += 4
             if index >= memo_capacity or memo[index] < 0:
                 break
@@ -239,8 +245,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
             if op == 0x58:
                 if pos + 4 > n:
                     break
-                size = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
-                        | (np.int64(data[pos + 3]) << 24))
+                size = _u32(data, pos)
                 pos += 4
             else:
                 if pos + 1 > n:
@@ -276,8 +281,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
             elif op == 0x4A:
                 if pos + 4 > n:
                     break
-                v = (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
-                     | (np.int64(data[pos + 3]) << 24))
+                v = _u32(data, pos)
                 if v >= 2147483648:
                     v -= 4294967296
                 pos += 4
