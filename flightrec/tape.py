@@ -29,6 +29,7 @@ _TOO_SMALL = -2
 _walk = None   # the compiled walker, made by `warm` (numba is imported only then: ~0.5 s)
 _walk_one = None
 _u32 = None
+_uint_arg = None
 
 
 def available() -> bool:
@@ -43,8 +44,9 @@ def warm() -> None:
     if _walk is None:
         import numba
 
-        global _walk_one, _u32
+        global _walk_one, _u32, _uint_arg
         _u32 = numba.njit(cache=True, nogil=True, inline="always")(_u32_py)
+        _uint_arg = numba.njit(cache=True, nogil=True, inline="always")(_uint_arg_py)
         _walk_one = numba.njit(cache=True, nogil=True)(_walk_one_py)
         walk = numba.njit(cache=True, nogil=True)(_walk_py)
         walk(np.frombuffer(b"\x80\x02N.", dtype=np.uint8), np.zeros(1, np.int64), np.full(1, 4, np.int64), 64, 64)
@@ -170,6 +172,14 @@ def _u32_py(data, pos):
             | (np.int64(data[pos + 3]) << 24))
 
 
+def _uint_arg_py(data, pos, n, width):
+    """An opcode's unsigned argument of `width` bytes (1 or 4, little-endian) at `pos`; -1 when the input
+    ends before it (memo indexes and text lengths)."""
+    if pos + width > n:
+        return np.int64(-1)
+    return _u32(data, pos) if width == 4 else np.int64(data[pos])
+
+
 def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, memo, stack, marks, n_obj, n_edge,
                  capacity):
     """One file, from `pos` to `n`: returns (its root, -1 when not taken, or _TOO_SMALL; objects and edges
@@ -210,48 +220,34 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
         elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT, LONG_BINPUT, MEMOIZE
             if sp == 0:
                 break
-            if op == 0x71:
-                if pos + 1 > n:
-                    break
-                index = np.int64(data[pos])
-                pos += 1
-            elif op == 0x72:
-                if pos + 4 > n:
-                    break
-                index = _u32(data, pos)
-                pos += 4
-            else:
+            if op == 0x94:
                 index = n_memo
+            else:
+                width = 4 if op == 0x72 else 1
+                index = _uint_arg(data, pos, n, width)
+                if index < 0:
+                    break
+                pos += width
             if index >= memo_capacity:
                 break
             memo[index] = stack[sp - 1]
             n_memo = max(n_memo, index + 1)
             used = max(used, index + 1)
         elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
-            if op == 0x68:
-                if pos + 1 > n:
-                    break
-                index = np.int64(data[pos])
-                pos += 1
-            else:
-                if pos + 4 > n:
-                    break
-                index = _u32(data, pos)
-                pos += 4
+            width = 4 if op == 0x6A else 1
+            index = _uint_arg(data, pos, n, width)
+            if index < 0:
+                break
+            pos += width
             if index >= memo_capacity or memo[index] < 0:
                 break
             made = memo[index]
         elif op == 0x58 or op == 0x8C:  # BINUNICODE (4-byte length), SHORT_BINUNICODE (1-byte)
-            if op == 0x58:
-                if pos + 4 > n:
-                    break
-                size = _u32(data, pos)
-                pos += 4
-            else:
-                if pos + 1 > n:
-                    break
-                size = np.int64(data[pos])
-                pos += 1
+            width = 4 if op == 0x58 else 1
+            size = _uint_arg(data, pos, n, width)
+            if size < 0:
+                break
+            pos += width
             if pos + size > n:
                 break
             if n_obj >= capacity:
