@@ -17,7 +17,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import tape
-from .flatten import RAW_FIELDS, _as_int, _as_str, _stack_hash, assemble
+from .flatten import (
+    RAW_FIELDS,
+    _as_int,
+    _as_str,
+    _rank_list_key,
+    _stack_hash,
+    assemble,
+    file_meta,
+    merge_parts,
+    normalize_op,
+    version_problems,
+)
 from .tape import BOOL, DICT, FLOAT, INT, LIST, NONE, STR, TUPLE
 
 _SEQUENCES = (LIST, TUPLE)
@@ -33,6 +44,8 @@ class _Graph:
     def __init__(self, t: tape.Tape):
         self.t = t
         self.order, self.start, self.count = tape.group_by_parent(t)
+        empty = np.flatnonzero(self.count == 0)
+        self.childless = int(empty[0]) if len(empty) else 0
 
     def edges(self, obj: int) -> np.ndarray:
         s = int(self.start[obj])
@@ -45,50 +58,179 @@ class _Graph:
         """(offsets, children) of each of `parents`, concatenated (compiled: no per-parent Python)."""
         return tape.children_of(self.t, self.order, self.start, self.count, parents)
 
+    def keys_of(self, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, keys) of each of the dicts `parents`, aligned with `children_of`."""
+        return tape.children_of(self.t, self.order, self.start, self.count, parents, of=self.t.key)
+
 
 def flatten_pickle(data: bytes, rank: int) -> dict[str, Any] | None:
     """`flatten_dump`'s result for a pickled dump, or None when the tape reader doesn't take it."""
-    return flatten_pickles([data], [rank])[0]
+    part, _ = flatten_pickles([data], [rank])
+    return part
 
 
-def flatten_pickles(datas: list[bytes], ranks: list[int]) -> list[dict[str, Any] | None]:
-    """`flatten_pickle` for many files at once: one tape for all (`tape.read_many`), so the per-field numpy
-    work is paid once per batch, not per file (per file it cost more than unpickling a 200-entry dump).
-    None for each file the tape reader doesn't take."""
-    out: list[dict[str, Any] | None] = [None] * len(datas)
+def flatten_pickles(datas: list[bytes], ranks: list[int]) -> tuple[dict[str, Any] | None, list[int]]:
+    """Many files at once: one part (`flatten.merge_parts`) for the files the tape reader takes, and their
+    indexes; what `flatten_dump` gives for each of them, merged. One tape for all (`tape.read_many`), and the
+    whole batch's columns, metadata, groups and statuses made by array passes: per file, that work cost more
+    than unpickling a 200-entry dump. A batch holding something those passes don't take (an older recorder's
+    pg_config, a value of another type) is read a file at a time (`_one_file`)."""
     joined, roots = tape.read_many(datas)
-    if joined is None:
-        return out
+    taken = [i for i, root in enumerate(roots) if root >= 0]
+    if joined is None or not taken:
+        return None, []
     g = _Graph(joined)
-    taken, dumps, entry_lists = [], [], []
-    for i, root in enumerate(roots):
-        if root < 0:
-            continue
+    try:
+        return _batch(joined, g, roots[taken], [ranks[i] for i in taken]), taken
+    except (_Unsupported, UnicodeDecodeError):   # (a text that is not UTF-8: the unpickler reports it)
+        pass
+    parts, read = [], []
+    for i in taken:
         try:
-            dump, entries = _top(joined, g, int(root))
+            parts.append(_one_file(joined, g, int(roots[i]), ranks[i]))
+            read.append(i)
         except (_Unsupported, UnicodeDecodeError):
             continue
-        taken.append(i)
-        dumps.append(dump)
-        entry_lists.append(entries)
-    if not taken:
-        return out
-    try:
-        table, stack_ids, stacks = _entries(joined, g, np.concatenate(entry_lists))
-    except (_Unsupported, UnicodeDecodeError):   # (a text that is not UTF-8: the unpickler reports it)
-        if len(datas) == 1:
-            return out
-        # one file holds something only the unpickler reads: find it by reading each on its own
-        alone = set(taken)
-        return [flatten_pickle(d, r) if i in alone else None for i, (d, r) in enumerate(zip(datas, ranks))]
-    offset = 0
-    for i, dump, entries in zip(taken, dumps, entry_lists):
-        n = len(entries)
-        ids = stack_ids.slice(offset, n)
-        mine = {sid: stacks[sid] for sid in set(ids.drop_null().to_pylist())}
-        out[i] = assemble(dump, ranks[i], table.slice(offset, n), ids, mine, [])
-        offset += n
+    return (merge_parts(parts), read) if parts else (None, [])
+
+
+_TOP_KEYS = ("entries", "pg_config", "pg_status", "version", "comm_lib_version", "nccl_version", "_truncated")
+_STATUS_KEYS = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+
+
+def _batch(t: tape.Tape, g: _Graph, roots: np.ndarray, ranks: list[int]) -> dict[str, Any]:
+    """The part of dumps `roots` (one per file), or _Unsupported when one of them is not as the recorder
+    writes it (dicts with text keys, values of the usual types): then `_one_file` reads them as Python values."""
+    if (t.kind[roots] != DICT).any():
+        raise _Unsupported
+    top = _fields(t, roots, _TOP_KEYS)
+    cut = top["_truncated"]
+    kind, value = t.kind[np.maximum(cut, 0)], t.value[np.maximum(cut, 0)]
+    if not ((cut < 0) | (kind == NONE) | (((kind == BOOL) | (kind == INT)) & (value == 0))).all():
+        raise _Unsupported   # a cut file (or a flag of another type): flatten_dump notes it
+    lists = top["entries"]
+    if (lists < 0).any() or (t.kind[lists] != LIST).any():
+        raise _Unsupported
+    offsets, entry_ids = g.children_of(lists)
+    counts = np.diff(offsets)
+    table, stack_ids, stacks = _entries(t, g, entry_ids)
+    table = table.append_column("rank", pa.array(np.repeat(np.asarray(ranks, np.int64), counts), type=pa.int64()))
+    table = table.append_column("stack_id", stack_ids)
+
+    versions = _optional_texts(t, top["version"])
+    comm = np.where(top["comm_lib_version"] >= 0, top["comm_lib_version"], top["nccl_version"])
+    backends = _backends_per_file(table["profiling_name"], counts)
+    metas = []
+    for rank, version, comm_lib, backend, n in zip(ranks, versions, _optional_texts(t, comm), backends, counts):
+        metas.append(file_meta(rank, version, backend, comm_lib, int(n), version_problems(version)))
+    pg_config, rank_lists = _pg_config(t, g, top["pg_config"], ranks)
+    return {"metas": metas, "entries": table, "pg_config": pg_config, "rank_lists": rank_lists,
+            "pg_status": _pg_status(t, g, top["pg_status"], ranks), "stacks": stacks}
+
+
+def _backends_per_file(names: pa.ChunkedArray, counts: np.ndarray) -> list[set]:
+    """Each file's backends (the profiling names' prefixes), from one pass over the batch's names."""
+    codes = names.combine_chunks().dictionary_encode()
+    backend = [normalize_op(n)[2] for n in codes.dictionary.to_pylist()]
+    file_of = np.repeat(np.arange(len(counts)), counts)
+    index = codes.indices.to_numpy(zero_copy_only=False)
+    out: list[set] = [set() for _ in counts]
+    present = ~np.asarray(codes.is_null())
+    pairs = np.unique(file_of[present] * (len(backend) + 1) + index[present].astype(np.int64))
+    for f, code in zip(*np.divmod(pairs, len(backend) + 1)):
+        out[f].add(backend[code])
     return out
+
+
+def _items(t: tape.Tape, g: _Graph, dicts: np.ndarray, owners: list[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The items of dict objects `dicts` (absent or None ones have none): each item's owner (from `owners`),
+    key object and value object. A key repeated within a dict is _Unsupported (Python keeps the last)."""
+    present = dicts >= 0
+    present[present] = t.kind[dicts[present]] != NONE
+    if (t.kind[dicts[present]] != DICT).any():
+        raise _Unsupported
+    parents = dicts[present]
+    offsets, values = g.children_of(parents)
+    _, keys = g.keys_of(parents)
+    sizes = np.diff(offsets)
+    owner = np.repeat(np.asarray(owners, np.int64)[present], sizes)
+    # (a dict's keys told apart by content hash: a collision only sends the batch the slower way)
+    in_dict = np.stack([np.repeat(np.arange(len(parents)), sizes), t.value[keys]], axis=1)
+    if len(keys) and len(np.unique(in_dict, axis=0)) != len(keys):
+        raise _Unsupported
+    return owner.tolist(), keys, values
+
+
+def _pg_config(t: tape.Tape, g: _Graph, configs: np.ndarray, ranks: list[int]) -> tuple[list[tuple], dict]:
+    """`flatten._pg_config_rows` for every file: {group name: {'name', 'desc', 'ranks': text}} only (the 1.4
+    recorder's lists and ranks given as lists are `_one_file`'s)."""
+    owner, keys, values = _items(t, g, configs, ranks)
+    if not len(values):
+        return [], {}
+    if (t.kind[values] != DICT).any():
+        raise _Unsupported
+    field = _fields(t, values, ("name", "desc", "ranks"))
+    rows, rank_lists = [], {}
+    for rank, key, name, desc, ranks_text in zip(owner, _optional_texts(t, keys, required=True),
+                                                 *(_optional_texts(t, field[f]) for f in ("name", "desc", "ranks"))):
+        name = name or key
+        if not name and (not ranks_text or ranks_text.strip() in ("[]", "")):
+            continue   # (as flatten._pg_config_rows: Gloo's config of no group)
+        list_key = None
+        if ranks_text is not None:
+            list_key = _rank_list_key(ranks_text)
+            rank_lists[list_key] = ranks_text
+        rows.append((rank, name, desc, list_key))
+    return rows, rank_lists
+
+
+def _pg_status(t: tape.Tape, g: _Graph, statuses: np.ndarray, ranks: list[int]) -> list[tuple]:
+    """`flatten._pg_status_rows` for every file: {pg id (text or int): {the three counters: ints}} only."""
+    owner, keys, values = _items(t, g, statuses, ranks)
+    if not len(values):
+        return []
+    if (t.kind[values] != DICT).any() or not _only(t.kind[keys], (STR, INT)):
+        raise _Unsupported
+    pg_ids = [_as_int(k) for k in _optional_texts(t, keys, required=True, ints=True)]
+    if None in pg_ids:
+        raise _Unsupported
+    field = _fields(t, values, _STATUS_KEYS)
+    counters = [_optional_ints(t, field[name]) for name in _STATUS_KEYS]
+    return list(zip(owner, pg_ids, *counters))
+
+
+def _optional_texts(t: tape.Tape, ids: np.ndarray, required: bool = False, ints: bool = False) -> list:
+    """The text of each of `ids` (None where absent or None); with `ints`, an int object is its value.
+    Another kind (or an absent one when `required`) is _Unsupported: flatten would coerce it with str()."""
+    present = ids >= 0
+    kind = np.where(present, t.kind[np.maximum(ids, 0)], NONE)
+    is_text = kind == STR
+    is_int = (kind == INT) if ints else np.zeros(len(ids), bool)
+    if not (is_text | is_int | ((kind == NONE) & (not required))).all():
+        raise _Unsupported
+    out: list = [None] * len(ids)
+    if is_text.any():
+        where = np.flatnonzero(is_text)
+        words, index = t.texts(ids[where])
+        for i, w in zip(where.tolist(), index.tolist()):
+            out[i] = words[w]
+    for i in np.flatnonzero(is_int).tolist():
+        out[i] = int(t.value[ids[i]])
+    return out
+
+
+def _optional_ints(t: tape.Tape, ids: np.ndarray) -> list:
+    present, _ = _kinds(t, ids, (INT,))
+    values = t.value[np.maximum(ids, 0)]
+    return [int(v) if p else None for v, p in zip(values.tolist(), present.tolist())]
+
+
+def _one_file(t: tape.Tape, g: _Graph, root: int, rank: int) -> dict[str, Any]:
+    """One file's part by way of its top-level values as Python objects (`flatten.assemble`): the dumps
+    `_batch` doesn't take, such as the 1.4 recorder's pg_config."""
+    dump, entries = _top(t, g, root)
+    table, stack_ids, stacks = _entries(t, g, entries)
+    return assemble(dump, rank, table, stack_ids, stacks, [])
 
 
 def _top(t: tape.Tape, g: _Graph, root: int) -> tuple[dict, np.ndarray]:
@@ -163,7 +305,7 @@ def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, 
 def _kinds(t: tape.Tape, ids: np.ndarray, allowed: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(present: not missing and not None, kind per entry); a kind outside `allowed` is unsupported."""
     kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
-    if not np.isin(kind, (NONE, *allowed)).all():
+    if not _only(kind, (NONE, *allowed)):
         raise _Unsupported
     return kind != NONE, kind
 
@@ -203,15 +345,21 @@ def _sequence(t, g, ids: np.ndarray, item_kinds: tuple[int, ...]):
     """(present, offsets, items) of the list (or tuple) objects `ids`; items of `item_kinds` only."""
     present, _ = _kinds(t, ids, _SEQUENCES)
     offsets, items = g.children_of(np.where(present, ids, _childless(g)))
-    if len(items) and not np.isin(t.kind[items], item_kinds).all():
+    if len(items) and not _only(t.kind[items], item_kinds):
         raise _Unsupported
     return present, offsets, items
 
 
 def _childless(g: _Graph) -> int:
     """An object without children: a missing or None value reads as no items (then masked null)."""
-    empty = np.flatnonzero(g.count == 0)
-    return int(empty[0]) if len(empty) else 0
+    return g.childless
+
+
+def _only(kinds: np.ndarray, allowed: tuple[int, ...]) -> bool:
+    """Every one of `kinds` is one of `allowed` (a table lookup: np.isin sorts)."""
+    table = np.zeros(TUPLE + 1, bool)
+    table[list(allowed)] = True
+    return bool(table[kinds].all())
 
 
 def _strs_column(t, g, ids, typ):

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 import re
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -155,25 +155,64 @@ def _raw_table(entries: list[dict], problems: list[str]) -> pa.Table:
     return pa.table(columns)
 
 
-def _numel_column(shape_text: pa.Array) -> pa.Array:
-    """Elements per entry (sum over tensors of the product of dims), computed once per distinct shape."""
-    codes = shape_text.dictionary_encode()
-    counts = [_numel(json.loads(t)) for t in codes.dictionary.to_pylist()]
-    return pc.take(pa.array(counts, type=_I64), codes.indices)
-
-
-def _shape_text_column(sizes: pa.ChunkedArray) -> pa.Array:
-    """'[[1024, 8], [8]]' per entry, built in Arrow exactly as Python prints the list."""
+def _shape_columns(sizes: pa.ChunkedArray) -> tuple[pa.DictionaryArray, pa.Array]:
+    """'[[1024, 8], [8]]' per entry (as Python prints the list; null where the list or any part of it is null),
+    as a dictionary, and its element count (the sum over tensors of the product of dims). A chunk holds a few
+    hundred distinct shapes in 10^5-10^6 entries: entries are told apart by a hash of their dims (numpy passes),
+    and text and count are made once per distinct shape."""
     outer = sizes.combine_chunks()
-    if len(outer) == 0:
-        return pa.array([], type=_STR)
     tensors = pc.list_flatten(outer)
-    dims_text = pc.cast(pc.list_flatten(tensors), _STR)
-    inner = pa.ListArray.from_arrays(pc.subtract(tensors.offsets, tensors.offsets[0]), dims_text)
-    inner_text = pc.binary_join_element_wise("[", pc.binary_join(inner, ", "), "]", "")
-    outer_lists = pa.ListArray.from_arrays(pc.subtract(outer.offsets, outer.offsets[0]), inner_text,
-                                           mask=pc.is_null(outer))
-    return pc.binary_join_element_wise("[", pc.binary_join(outer_lists, ", "), "]", "")
+    dims = pc.list_flatten(tensors)
+    tensor_len = _lengths(tensors)
+    entry_len = _lengths(outer)
+    bad_dim = np.asarray(dims.is_null()).astype(np.int64)
+    bad_tensor = np.asarray(tensors.is_null()) | (_segment_sum(bad_dim, tensor_len) > 0)
+    null = np.asarray(outer.is_null()) | (_segment_sum(bad_tensor.astype(np.int64), entry_len) > 0)
+    with np.errstate(over="ignore"):
+        tensor_key = _mix(_segment_hash(pc.fill_null(dims, 0).to_numpy().astype(np.uint64), tensor_len))
+        entry_key = _mix(_segment_hash(tensor_key, entry_len))
+    rows = np.flatnonzero(~null)
+    _, first, inverse = np.unique(entry_key[rows], return_index=True, return_inverse=True)
+    shapes = [outer[int(row)].as_py() for row in rows[first]]
+    indices = np.zeros(len(outer), np.int32)
+    indices[rows] = inverse.reshape(-1)
+    indices = pa.array(indices, mask=null)
+    text = pa.DictionaryArray.from_arrays(indices, pa.array([str(shape) for shape in shapes], type=_STR))
+    numel = pc.take(pa.array([_numel(shape) for shape in shapes], type=_I64), indices)
+    return text, numel
+
+
+_PRIME = np.uint64(1099511628211)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _lengths(lists: pa.Array) -> np.ndarray:
+    return pc.fill_null(pc.list_value_length(lists), 0).to_numpy().astype(np.int64)
+
+
+def _segment_sum(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Sum of each consecutive segment of `values` (segment i holds lengths[i] of them)."""
+    out = np.zeros(len(lengths), values.dtype)
+    nonempty = lengths > 0
+    if nonempty.any():
+        out[nonempty] = np.add.reduceat(values, (np.cumsum(lengths) - lengths)[nonempty])
+    return out
+
+
+def _segment_hash(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """A uint64 hash of each segment's values in order, and its length (callers silence overflow)."""
+    starts = np.cumsum(lengths) - lengths
+    within = np.arange(len(values)) - np.repeat(starts, lengths)
+    powers = np.cumprod(np.full(int(lengths.max(initial=0)) + 1, _PRIME, dtype=np.uint64))
+    terms = (values * _GOLDEN + np.uint64(1)) * powers[within]
+    return _segment_sum(terms, lengths) ^ (lengths.astype(np.uint64) * _GOLDEN)
+
+
+def _mix(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: the next level's polynomial then sees well-spread inputs."""
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
 
 
 def _saturated_int32(arr: pa.ChunkedArray) -> pa.ChunkedArray:
@@ -207,7 +246,7 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     state = raw["state"]
     state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
     created = pc.coalesce(raw["time_created_ns"], pc.multiply(raw["time_created_us"], 1000))
-    in_text, out_text = _shape_text_column(raw["input_sizes"]), _shape_text_column(raw["output_sizes"])
+    (in_text, in_numel), (out_text, out_numel) = _shape_columns(raw["input_sizes"]), _shape_columns(raw["output_sizes"])
     table = pa.table({
         "rank": raw["rank"],
         "pg_name": pg_name,
@@ -232,8 +271,8 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         "output_sizes": out_text,
         "input_dtypes": pc.binary_join(raw["input_dtypes"], ","),
         "output_dtypes": pc.binary_join(raw["output_dtypes"], ","),
-        "input_numel": _numel_column(in_text),
-        "output_numel": _numel_column(out_text),
+        "input_numel": in_numel,
+        "output_numel": out_numel,
         "thread_id": raw["thread_id"],
         "thread_name": raw["thread_name"],
         "stack_id": raw["stack_id"],
@@ -278,9 +317,10 @@ def _numel(sizes: Any) -> int | None:
     if not isinstance(sizes, list):
         return None
     try:
-        return sum(math.prod(shape) for shape in sizes)
+        count = sum(math.prod(shape) for shape in sizes)
     except TypeError:
         return None
+    return count if -2**63 <= count < 2**63 else None   # (a hostile file's dims: no int64 holds the count)
 
 
 def _stack_hash(frames: list) -> int:
@@ -314,7 +354,8 @@ def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int
 
 
 def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
-    """Columns for one rank's dump: {'meta', 'entries', 'pg_config', 'pg_status', 'stacks'}."""
+    """Columns for one rank's dump, as a part (`merge_parts`) of one file: {'metas': [meta], 'entries',
+    'pg_config', 'rank_lists', 'pg_status', 'stacks'}."""
     problems: list[str] = []
     if dump.get("_truncated"):
         problems.append(f"truncated file: kept the {len(dump.get('entries') or [])} entries written before the cut")
@@ -339,31 +380,55 @@ def assemble(dump: dict, rank: int, entries_table: pa.Table, stack_ids: pa.Array
     stacks, and the dump's other keys (`dump['entries']` is not read): shared with the tape reader."""
     rank_lists: dict[int, str] = {}
     version = _as_str(dump.get("version"))
-    if version is None:
-        problems.insert(0, "no 'version' field")
-    elif version not in KNOWN_DUMP_VERSIONS:
-        problems.insert(0, f"recorder version {version} is newer than this flightrec knows; loaded the known fields")
+    problems[:0] = version_problems(version)
     entries_table = entries_table.append_column("rank", pa.array([rank] * entries_table.num_rows, type=_I64))
     entries_table = entries_table.append_column("stack_id", stack_ids)
-
     names = entries_table["profiling_name"].unique().to_pylist() if entries_table.num_rows else []
-    backends = {normalize_op(n)[2] for n in names} - {None}
-    meta = {
-        "rank": rank,
-        "version": version,
-        "backend": ",".join(sorted(backends)) if backends else None,
-        "comm_lib_version": _as_str(dump.get("comm_lib_version", dump.get("nccl_version"))),
-        "entry_count": entries_table.num_rows,
-        "problems": problems,
-    }
+    meta = file_meta(rank, version, {normalize_op(n)[2] for n in names},
+                     _as_str(dump.get("comm_lib_version", dump.get("nccl_version"))), entries_table.num_rows, problems)
     return {
-        "meta": meta,
+        "metas": [meta],
         "entries": entries_table,
         "pg_config": _pg_config_rows(dump.get("pg_config"), rank, problems, rank_lists),
         "rank_lists": rank_lists,
         "pg_status": _pg_status_rows(dump.get("pg_status"), rank, problems),
         "stacks": stacks,
     }
+
+
+def version_problems(version: str | None) -> list[str]:
+    if version is None:
+        return ["no 'version' field"]
+    if version not in KNOWN_DUMP_VERSIONS:
+        return [f"recorder version {version} is newer than this flightrec knows; loaded the known fields"]
+    return []
+
+
+def file_meta(rank: int, version: str | None, backends: set, comm_lib_version: str | None, entry_count: int,
+              problems: list[str]) -> dict[str, Any]:
+    """A file's row of the dumps table (`format` and `loaded` are the reader's to add)."""
+    backends = backends - {None}
+    return {"rank": rank, "version": version, "backend": ",".join(sorted(backends)) if backends else None,
+            "comm_lib_version": comm_lib_version, "entry_count": entry_count, "problems": problems}
+
+
+def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Parts (a file's, or a batch of files' from the tape reader) -> one, the entry tables concatenated
+    (None when no file has entries)."""
+    out: dict[str, Any] = {"metas": [], "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [],
+                           "stacks": {}}
+    tables = []
+    for part in parts:
+        out["metas"].extend(part["metas"])
+        if part["entries"] is not None and part["entries"].num_rows:
+            tables.append(part["entries"])
+        out["pg_config"].extend(part["pg_config"])
+        out["rank_lists"].update(part["rank_lists"])
+        out["pg_status"].extend(part["pg_status"])
+        out["stacks"].update(part["stacks"])
+    if tables:
+        out["entries"] = pa.concat_tables(tables, promote_options="permissive")
+    return out
 
 
 def _pg_config_rows(pg_config: Any, rank: int, problems: list[str], rank_lists: dict[int, str]) -> list[tuple]:

@@ -25,7 +25,7 @@ from . import cache as _cache
 from . import fastflat, lookup, tape
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
-from .flatten import derive_entries, flatten_dump
+from .flatten import derive_entries, flatten_dump, merge_parts
 from .readers import parse_dump_bytes, read_dump_bytes
 from .schema import (
     DUMPS,
@@ -180,8 +180,7 @@ def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
         dump, fmt = parse_dump_bytes(read_dump_bytes(Path(path)) if data is None else data, path)
         out = flatten_dump(dump, rank)
         del dump
-        out["meta"]["format"] = fmt
-        out["meta"]["loaded"] = True
+        out["metas"][0].update(format=fmt, loaded=True)
         return out
     except FlightrecError as exc:
         return _refused(rank, str(exc))
@@ -208,8 +207,8 @@ def _batches(sizes: list[int], limit: int) -> list[list[int]]:
 
 
 def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
-    """A chunk of files through the tape reader at once (`fastflat.flatten_pickles`); the files it doesn't
-    take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
+    """A chunk of files through the tape reader a batch at a time (`fastflat.flatten_pickles`): a part per
+    batch. The files it doesn't take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
     datas, taken, others = [], [], {}
     for path, rank in items:
         try:
@@ -221,30 +220,28 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
             taken.append((path, rank))
         else:
             others[(path, rank)] = data   # JSON (and below, pickles the tape leaves): read once, parsed as ever
-    flat: dict = {}
+    parts, done = [], set()
     for batch in _batches([len(d) for d in datas], _TAPE_BATCH_BYTES):
         try:
-            flat.update(zip([taken[i] for i in batch],
-                            fastflat.flatten_pickles([datas[i] for i in batch], [taken[i][1] for i in batch])))
+            part, read = fastflat.flatten_pickles([datas[i] for i in batch], [taken[i][1] for i in batch])
         except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them
-            pass
-    others.update((item, data) for item, data in zip(taken, datas) if flat.get(item) is None)
+            continue
+        if part is not None:
+            for meta in part["metas"]:
+                meta.update(format="pickle", loaded=True)
+            parts.append(part)
+            done.update(batch[j] for j in read)
+    others.update((item, datas[i]) for i, item in enumerate(taken) if i not in done)
     del datas
-    out = []
-    for item in items:
-        result = flat.get(item)
-        if result is None:
-            out.append(_parse_one(*item, others.pop(item, None)))
-        else:
-            result["meta"].update(format="pickle", loaded=True)
-            out.append(result)
-    return out
+    done_items = {taken[i] for i in done}
+    parts.extend(_parse_one(*item, others.pop(item, None)) for item in items if item not in done_items)
+    return parts
 
 
 def _refused(rank: int, reason: str) -> dict:
     meta = {"rank": rank, "version": None, "backend": None, "comm_lib_version": None, "entry_count": 0,
             "problems": [reason], "format": None, "loaded": False}
-    return {"meta": meta, "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
+    return {"metas": [meta], "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
 
 
 def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None, use_tape: bool = False) -> dict:
@@ -263,25 +260,16 @@ def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None, use_tap
 
 
 def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None, use_tape: bool) -> dict:
-    metas, tables, cfg, status, stacks, rank_lists = [], [], [], [], {}, {}
-    for out in (_parse_with_tape(items) if use_tape else (_parse_one(path, rank) for path, rank in items)):
-        metas.append(out["meta"])
-        if out["entries"] is not None and out["entries"].num_rows:
-            tables.append(out["entries"])
-        cfg.extend(out["pg_config"])
-        rank_lists.update(out["rank_lists"])
-        status.extend(out["pg_status"])
-        stacks.update(out["stacks"])
-    entries = derive_entries(pa.concat_tables(tables, promote_options="permissive")) if tables else None
+    out = merge_parts(_parse_with_tape(items) if use_tape else [_parse_one(path, rank) for path, rank in items])
+    entries = out["entries"] = derive_entries(out["entries"]) if out["entries"] is not None else None
     if entries is not None and spool is not None:
         # Columns go back through a file the parent memory-maps, not through the result pipe: the parent then
         # never unpickles bulk data, which would make it the bottleneck of the pool.
         path = os.path.join(spool, f"chunk{items[0][1]}.arrow")
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, entries.schema) as writer:
             writer.write_table(entries)
-        entries = path
-    return {"metas": metas, "entries": entries, "pg_config": cfg, "rank_lists": rank_lists, "pg_status": status,
-            "stacks": stacks}
+        out["entries"] = path
+    return out
 
 
 CHUNK_BYTES = 48 << 20  # a worker holds one chunk's columns at a time: this bounds its memory

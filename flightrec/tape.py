@@ -85,8 +85,10 @@ class Tape:
     def texts(self, objs: np.ndarray) -> tuple[list[str], np.ndarray]:
         """The distinct texts of str objects `objs` and each one's index among them: decoded once per
         distinct content (by the walker's hash), not once per object (each file has its own objects)."""
-        _, first, index = np.unique(self.value[objs], return_index=True, return_inverse=True)
-        return [self.text(int(objs[i])) for i in first], index
+        # distinct objects first, in one pass (files share them: keys, repeated values), then their hashes
+        objects, object_index = dense_codes(objs, len(self.kind))
+        _, first, index = np.unique(self.value[objects], return_index=True, return_inverse=True)
+        return [self.text(int(objects[i])) for i in first], index.reshape(-1)[object_index]
 
     def text(self, obj: int) -> str:
         start, size = int(self.text_start[obj]), int(self.text_len[obj])
@@ -490,8 +492,10 @@ def _pivot_py(parent, key, child, row_of, key_slot, n_slots, n_rows):
 
 
 def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
-                parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return _compiled("children_of", _children_of_py)(t.child, order, start, count, parents.astype(np.int64))
+                parents: np.ndarray, of: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, children) of each of `parents`; with `of=t.key`, their keys instead."""
+    return _compiled("children_of", _children_of_py)(t.child if of is None else of, order, start, count,
+                                                     parents.astype(np.int64))
 
 
 def dict_keys(t: "Tape", dicts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,9 +4,13 @@ import pickle
 import warnings
 
 import polars as pl
+import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flightrec import LoadOptions, analyze, load, synth
+from flightrec.flatten import _shape_columns
 from flightrec.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
 from flightrec.readers import loads_plain_pickle
 from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
@@ -221,3 +225,22 @@ def test_a_reused_group_name_means_the_group_its_rank_declared(make_job):
     assert used.sort("rank").equals(declared.sort("rank"))
     report = analyze(out, use_cache=False)
     assert report.verdict == "healthy", report.summary
+
+
+_dims = st.lists(st.one_of(st.integers(-2**40, 2**40), st.integers(0, 4), st.none()), max_size=4)
+_sizes = st.one_of(st.none(), st.lists(st.one_of(_dims, st.none()), max_size=3))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(_sizes, st.sampled_from([[[1024, 8], [8]], [[8]], [], [[]]])), max_size=40),
+       st.integers(0, 5))
+def test_shape_text_and_numel_are_what_python_prints_and_counts(values, cut):
+    """Entries are told apart by a hash of their dims; each gets exactly Python's text of its list (null when
+    any part is null) and its element count (null past int64: a hostile file's dims), whatever the nesting,
+    and in a sliced chunk too."""
+    arr = pa.chunked_array([pa.array(values, type=pa.list_(pa.list_(pa.int64())))]).slice(min(cut, len(values)))
+    text, numel = _shape_columns(arr)
+    want = [None if v is None or any(t is None or None in t for t in v) else v for v in values[min(cut, len(values)):]]
+    assert text.to_pylist() == [None if v is None else str(v) for v in want]
+    counts = [None if v is None else sum(math.prod(t) for t in v) for v in want]
+    assert numel.to_pylist() == [n if n is not None and -2**63 <= n < 2**63 else None for n in counts]

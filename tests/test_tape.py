@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightrec import LoadOptions, load, synth
-from flightrec.flatten import flatten_dump
+from flightrec.flatten import flatten_dump, merge_parts
 from flightrec.readers import read_dump, read_dump_bytes
 from flightrec.schema import KNOWN_DUMP_VERSIONS
 
@@ -48,9 +48,20 @@ def test_every_recorder_version_reads_the_same(tmp_path, version):
                         fault=synth.Fault(kind="not_joined") if timing else synth.Fault(kind="none"), seed=7)
         synth.generate(job, tmp_path / str(timing))
         paths += sorted(p for p in (tmp_path / str(timing)).rglob("*_rank_*") if p.is_file())[:4]
-    got = fastflat.flatten_pickles([read_dump_bytes(p) for p in paths], list(range(len(paths))))
-    for rank, (path, out) in enumerate(zip(paths, got)):
-        _same(flatten_dump(read_dump(path)[0], rank), out)
+    got, read = fastflat.flatten_pickles([read_dump_bytes(p) for p in paths], list(range(len(paths))))
+    assert read == list(range(len(paths)))
+    _same(merge_parts([flatten_dump(read_dump(path)[0], rank) for rank, path in enumerate(paths)]), got)
+
+
+def test_a_batch_of_the_recorders_usual_dumps_is_read_by_array_passes(tmp_path, monkeypatch):
+    """Not a file at a time (the fallback for older layouts): that path is made to fail here."""
+    synth.generate(synth.Job(tp=2, pp=2, dp=2, steps=2, timing=False, fault=synth.Fault(kind="not_joined")), tmp_path)
+    paths = sorted(p for p in tmp_path.rglob("*_rank_*") if p.is_file())
+    want = merge_parts([flatten_dump(read_dump(path)[0], rank) for rank, path in enumerate(paths)])
+    monkeypatch.setattr(fastflat, "_one_file", None)
+    got, read = fastflat.flatten_pickles([read_dump_bytes(p) for p in paths], list(range(len(paths))))
+    assert read == list(range(len(paths)))
+    _same(want, got)
 
 
 def test_a_file_the_tape_does_not_take_leaves_the_rest_of_its_batch():
@@ -60,8 +71,9 @@ def test_a_file_the_tape_does_not_take_leaves_the_rest_of_its_batch():
     dump = pickle.loads(good)
     dump["entries"][0]["record_id"] = "seven"
     odd = pickle.dumps(dump, protocol=2)
-    got = fastflat.flatten_pickles([good, odd, good, b"\x80\x02junk"], [0, 1, 2, 3])
-    assert got[0] is not None and got[2] is not None and got[1] is None and got[3] is None
+    got, read = fastflat.flatten_pickles([good, odd, good, b"\x80\x02junk"], [0, 1, 2, 3])
+    assert read == [0, 2]
+    _same(merge_parts([flatten_dump(pickle.loads(good), rank) for rank in (0, 2)]), got)
 
 
 def test_load_gives_the_same_trace_either_way(tmp_path):
@@ -137,3 +149,16 @@ def test_a_deeply_nested_dump_goes_the_unpickler_way_without_costing_its_chunk(t
         slow = load(tmp_path, LoadOptions(use_cache=False, reader="unpickler", workers=1))
     assert fast.dumps.equals(slow.dumps) and fast.entries.equals(slow.entries)
     assert fast.dumps.filter(fast.dumps["rank"] != 1)["loaded"].all()
+
+
+def test_older_layouts_are_read_a_file_at_a_time_the_same():
+    """pg_config as the 1.4 recorder wrote it ({pg id: [ranks]}), rank lists as lists, a pg_status key that
+    is an int: the batch passes leave these to `_one_file`, which reads them as flatten_dump does."""
+    dump = pickle.loads(PICKLES[0].read_bytes())
+    older = dict(dump, pg_config={"0": [0, 1, 2, 3], "1": {"name": "1", "desc": "tp", "ranks": [0, 1]}},
+                 pg_status={0: {"last_enqueued_collective": 3}})
+    datas = [pickle.dumps(dump, protocol=2), pickle.dumps(older, protocol=4)]
+    got, read = fastflat.flatten_pickles(datas, [0, 1])
+    assert read == [0, 1]
+    _same(merge_parts([flatten_dump(dump, 0), flatten_dump(older, 1)]), got)
+    assert [row[1:3] for row in got["pg_config"] if row[0] == 1] == [("0", None), ("1", "tp")]
