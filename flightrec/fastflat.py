@@ -103,7 +103,7 @@ def _batch(t: tape.Tape, g: _Graph, roots: np.ndarray, ranks: list[int]) -> dict
     writes it (dicts with text keys, values of the usual types): then `_one_file` reads them as Python values."""
     if (t.kind[roots] != DICT).any():
         raise _Unsupported
-    top = _fields(t, roots, _TOP_KEYS)
+    top = _fields(t, g, roots, _TOP_KEYS)
     cut = top["_truncated"]
     kind, value = t.kind[np.maximum(cut, 0)], t.value[np.maximum(cut, 0)]
     if not ((cut < 0) | (kind == NONE) | (((kind == BOOL) | (kind == INT)) & (value == 0))).all():
@@ -169,7 +169,7 @@ def _pg_config(t: tape.Tape, g: _Graph, configs: np.ndarray, ranks: list[int]) -
         return [], {}
     if (t.kind[values] != DICT).any():
         raise _Unsupported
-    field = _fields(t, values, ("name", "desc", "ranks"))
+    field = _fields(t, g, values, ("name", "desc", "ranks"))
     rows, rank_lists = [], {}
     for rank, key, name, desc, ranks_text in zip(owner, _optional_texts(t, keys, required=True),
                                                  *(_optional_texts(t, field[f]) for f in ("name", "desc", "ranks"))):
@@ -194,7 +194,7 @@ def _pg_status(t: tape.Tape, g: _Graph, statuses: np.ndarray, ranks: list[int]) 
     pg_ids = [_as_int(k) for k in _optional_texts(t, keys, required=True, ints=True)]
     if None in pg_ids:
         raise _Unsupported
-    field = _fields(t, values, _STATUS_KEYS)
+    field = _fields(t, g, values, _STATUS_KEYS)
     counters = [_optional_ints(t, field[name]) for name in _STATUS_KEYS]
     return list(zip(owner, pg_ids, *counters))
 
@@ -276,11 +276,11 @@ def _materialize(t: tape.Tape, g: _Graph, obj: int) -> Any:
     return {_materialize(t, g, int(t.key[e])): _materialize(t, g, int(t.child[e])) for e in g.edges(obj)}
 
 
-def _fields(t: tape.Tape, dicts: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """For the dict objects `dicts` (distinct), per name in `names`: each one's value object for that key (-1
-    where it has none). Keys are matched by text (each file memoizes its own key strings), in two compiled
-    passes over the edges."""
-    row_of, distinct_keys = tape.dict_keys(t, dicts)
+def _fields(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """For the dict objects `dicts`, per name in `names`: each one's value object for that key (-1 where it
+    has none). Keys are matched by text (each file memoizes its own key strings), in two compiled passes over
+    those dicts' items."""
+    distinct_keys = tape.dict_keys(t, g.order, g.start, g.count, dicts)
     if (t.kind[distinct_keys] != STR).any():
         raise _Unsupported
     texts, index = t.texts(distinct_keys) if len(distinct_keys) else ([], np.zeros(0, np.int64))
@@ -288,7 +288,7 @@ def _fields(t: tape.Tape, dicts: np.ndarray, names: tuple[str, ...]) -> dict[str
     slot_of_text = np.array([wanted.get(text, -1) for text in texts], dtype=np.int16)
     key_slot = np.full(len(t.kind), -1, np.int16)
     key_slot[distinct_keys] = slot_of_text[index] if len(texts) else key_slot[distinct_keys]
-    table = tape.pivot(t, row_of, key_slot, len(names), len(dicts))
+    table = tape.pivot(t, g.order, g.start, g.count, dicts, key_slot, len(names))
     return {name: table[i] for i, name in enumerate(names)}
 
 
@@ -296,7 +296,7 @@ def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, 
     if len(tape.dense_codes(entry_ids, len(t.kind))[0]) != len(entry_ids) or (
             len(entry_ids) and (t.kind[entry_ids] != DICT).any()):
         raise _Unsupported
-    field = _fields(t, entry_ids, (*RAW_FIELDS, "frames"))
+    field = _fields(t, g, entry_ids, (*RAW_FIELDS, "frames"))
     columns = {name: _COLUMN[kind](t, g, field[name], typ) for name, (typ, kind) in RAW_FIELDS.items()}
     stack_ids, stacks = _stacks(t, g, field["frames"])
     return pa.table(columns), stack_ids, stacks
@@ -398,7 +398,7 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
     if (t.kind[frames] != DICT).any():
         raise _Unsupported
     distinct, frame_of = tape.dense_codes(frames, len(t.kind))
-    field = _fields(t, distinct, ("name", "filename", "line"))
+    field = _fields(t, g, distinct, ("name", "filename", "line"))
     parts = []
     for name, allowed in (("name", STR), ("filename", STR), ("line", INT)):
         vid = field[name]

@@ -30,6 +30,7 @@ _walk = None   # the compiled walker, made by `warm` (numba is imported only the
 _walk_one = None
 _u32 = None
 _uint_arg = None
+_text_hash = None
 
 
 def available() -> bool:
@@ -44,8 +45,9 @@ def warm() -> None:
     if _walk is None:
         import numba
 
-        global _walk_one, _u32, _uint_arg
+        global _walk_one, _u32, _uint_arg, _text_hash
         _u32 = numba.njit(cache=True, nogil=True, inline="always")(_u32_py)
+        _text_hash = numba.njit(cache=True, nogil=True, inline="always")(_text_hash_py)
         _uint_arg = numba.njit(cache=True, nogil=True, inline="always")(_uint_arg_py)
         _walk_one = numba.njit(cache=True, nogil=True)(_walk_one_py)
         walk = numba.njit(cache=True, nogil=True)(_walk_py)
@@ -54,11 +56,11 @@ def warm() -> None:
         dense_codes(np.zeros(1, np.int64), 1)
         _compiled("group_by_parent", _group_by_parent_py)(np.zeros(1, np.int32), 1)
         group_by(np.zeros(1, np.int64), 1)
-        _compiled("dict_keys", _dict_keys_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64), 1)
+        i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
+        _compiled("dict_keys", _dict_keys_py)(i32, i32, i64, i32, i64, 1)
         _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
                                                   np.zeros(1, np.int32), np.zeros(1, np.int64))
-        _compiled("pivot", _pivot_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32),
-                                      np.zeros(1, np.int32), np.zeros(1, np.int16), 1, 1)
+        _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
     
 
 
@@ -67,7 +69,7 @@ class Tape:
     """Objects 0..n-1 in the order the pickle built them, and container edges in the order items were added.
 
     kind: one of NONE..TUPLE; value: an int's value, a bool as 0/1, a float's IEEE bits, a str's 64-bit
-    FNV-1a hash of its bytes (equal texts, equal values, across files); text_start, text_len: a str's UTF-8
+    hash of its bytes (`_text_hash`: equal texts, equal values, across files); text_start, text_len: a str's UTF-8
     bytes in `data`. Edge i: child `child[i]` of `parent[i]`, under key `key[i]` (an
     object) for dicts, -1 for lists and tuples. `root`: the object the pickle returns."""
 
@@ -174,6 +176,26 @@ def _u32_py(data, pos):
             | (np.int64(data[pos + 3]) << 24))
 
 
+def _text_hash_py(data, pos, size):
+    """A 64-bit hash of `data[pos:pos + size]`, FNV-1a style but eight bytes a step: the world group's rank
+    list (~110 KB at 16K ranks) is in every file, and a byte a step made hashing it a third of the walk.
+    Each step is a bijection of the state, so texts of one length that differ in one word never collide."""
+    h = np.uint64(14695981039346656037) ^ np.uint64(size)
+    k = pos
+    end = pos + size
+    while k + 8 <= end:
+        w = np.uint64(0)
+        for b in range(8):
+            w |= np.uint64(data[k + b]) << np.uint64(8 * b)
+        h = (h ^ w) * np.uint64(1099511628211)
+        k += 8
+    while k < end:
+        h = (h ^ np.uint64(data[k])) * np.uint64(1099511628211)
+        k += 1
+    h ^= h >> np.uint64(32)   # (the multiplications move entropy up only: fold the high half down)
+    return np.int64(h)
+
+
 def _uint_arg_py(data, pos, n, width):
     """An opcode's unsigned argument of `width` bytes (1 or 4, little-endian) at `pos`; -1 when the input
     ends before it (memo indexes and text lengths)."""
@@ -257,10 +279,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
             kind[n_obj] = STR
             start[n_obj] = pos
             length[n_obj] = size
-            h = np.uint64(14695981039346656037)
-            for k in range(pos, pos + size):
-                h = (h ^ np.uint64(data[k])) * np.uint64(1099511628211)
-            value[n_obj] = np.int64(h)
+            value[n_obj] = _text_hash(data, pos, size)
             pos += size
             made = n_obj
             n_obj += 1
@@ -462,32 +481,35 @@ def _compiled(name: str, fn):
     return _helpers[name]
 
 
-def _dict_keys_py(parent, key, dicts, n_obj):
-    """For the dict objects `dicts`: each object's row among them (-1 for others), and the distinct key
-    objects of their items."""
-    row_of = np.full(n_obj, -1, np.int32)
-    for i in range(dicts.size):
-        row_of[dicts[i]] = i
+def _dict_keys_py(key, order, start, count, dicts, n_obj):
+    """The distinct key objects of the items of dict objects `dicts` (their edges only, not the whole tape's)."""
     seen = np.zeros(n_obj, np.bool_)
-    distinct = np.empty(parent.size, np.int64)
+    distinct = np.empty(16, np.int64)
     n = 0
-    for e in range(parent.size):
-        if row_of[parent[e]] >= 0 and not seen[key[e]]:
-            seen[key[e]] = True
-            distinct[n] = key[e]
-            n += 1
-    return row_of, distinct[:n]
+    for i in range(dicts.size):
+        d = dicts[i]
+        for j in range(start[d], start[d] + count[d]):
+            k = key[order[j]]
+            if not seen[k]:
+                seen[k] = True
+                if n == distinct.size:
+                    distinct = np.concatenate((distinct, np.empty(n, np.int64)))
+                distinct[n] = k
+                n += 1
+    return distinct[:n]
 
 
-def _pivot_py(parent, key, child, row_of, key_slot, n_slots, n_rows):
-    """(slot, row) -> the value object of row's item whose key has that slot; -1 where none."""
-    out = np.full((n_slots, n_rows), -1, np.int64)
-    for e in range(parent.size):
-        r = row_of[parent[e]]
-        if r >= 0:
+def _pivot_py(key, child, order, start, count, dicts, key_slot, n_slots):
+    """(slot, i) -> the value object of the item of dicts[i] whose key has that slot; -1 where none (the last
+    one where a key repeats, as a dict keeps)."""
+    out = np.full((n_slots, dicts.size), -1, np.int64)
+    for i in range(dicts.size):
+        d = dicts[i]
+        for j in range(start[d], start[d] + count[d]):
+            e = order[j]
             s = key_slot[key[e]]
             if s >= 0:
-                out[s, r] = child[e]
+                out[s, i] = child[e]
     return out
 
 
@@ -498,9 +520,10 @@ def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarr
                                                      parents.astype(np.int64))
 
 
-def dict_keys(t: "Tape", dicts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return _compiled("dict_keys", _dict_keys_py)(t.parent, t.key, dicts.astype(np.int64), len(t.kind))
+def dict_keys(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray) -> np.ndarray:
+    return _compiled("dict_keys", _dict_keys_py)(t.key, order, start, count, dicts.astype(np.int64), len(t.kind))
 
 
-def pivot(t: "Tape", row_of: np.ndarray, key_slot: np.ndarray, n_slots: int, n_rows: int) -> np.ndarray:
-    return _compiled("pivot", _pivot_py)(t.parent, t.key, t.child, row_of, key_slot, n_slots, n_rows)
+def pivot(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray,
+          key_slot: np.ndarray, n_slots: int) -> np.ndarray:
+    return _compiled("pivot", _pivot_py)(t.key, t.child, order, start, count, dicts.astype(np.int64), key_slot, n_slots)
