@@ -55,7 +55,6 @@ def warm() -> None:
         _walk = walk
         dense_codes(np.zeros(1, np.int64), 1)
         _compiled("group_by_parent", _group_by_parent_py)(np.zeros(1, np.int32), 1)
-        group_by(np.zeros(1, np.int64), 1)
         i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
         _compiled("dict_keys", _dict_keys_py)(i32, i32, i64, i32, i64, 1)
         _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
@@ -406,8 +405,23 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
 
 
 def _group_by_parent_py(parent, n_obj):
-    """Counting sort of edges by parent, stable: (order, first edge of each object, its edge count)."""
+    """Counting sort of edges by parent, stable: (order, first edge of each object, its edge count). Edges
+    usually come grouped already (a container's items are added by one opcode, up to 1,000 at a time): then
+    one pass finds each object's run and the order is the identity."""
     count = np.zeros(n_obj, np.int32)
+    start = np.zeros(n_obj, np.int64)
+    grouped = True
+    for e in range(parent.size):
+        p = parent[e]
+        if count[p] == 0:
+            start[p] = e
+        elif start[p] + count[p] != e:
+            grouped = False
+            break
+        count[p] += 1
+    if grouped:
+        return np.arange(parent.size).astype(np.int32), start, count
+    count[:] = 0
     for p in parent:
         count[p] += 1
     start = np.empty(n_obj, np.int64)
@@ -459,13 +473,9 @@ _helpers: dict = {}
 
 
 def group_by_parent(t: "Tape") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, start, count): the edges of object i are `order[start[i]:start[i] + count[i]]`, as added."""
+    """(order, start, count): the edges of object i are `order[start[i]:start[i] + count[i]]`, as added (the
+    order groups edges by parent, not necessarily in parent order)."""
     return _compiled("group_by_parent", _group_by_parent_py)(t.parent, len(t.kind))
-
-
-def group_by(codes: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(order, start, count) of small non-negative int `codes`, by a stable counting sort."""
-    return _compiled("group_by_parent", _group_by_parent_py)(codes.astype(np.int64), n_codes)
 
 
 def dense_codes(values: np.ndarray, n_obj: int) -> tuple[np.ndarray, np.ndarray]:
