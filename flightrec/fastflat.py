@@ -392,12 +392,12 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
     n = len(ids)
     kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
     has = (kind == LIST) & (g.count[np.maximum(ids, 0)] > 0)
-    offsets, frames = g.children_of(np.where(has, ids, _childless(g)))
-    if len(frames) == 0:
+    lists = np.where(has, ids, -1)
+    distinct = tape.distinct_children(t, g.order, g.start, g.count, lists)
+    if len(distinct) == 0:
         return pa.nulls(n, pa.uint64()), {}
-    if (t.kind[frames] != DICT).any():
+    if (t.kind[distinct] != DICT).any():
         raise _Unsupported
-    distinct, frame_of = tape.dense_codes(frames, len(t.kind))
     field = _fields(t, g, distinct, ("name", "filename", "line"))
     parts = []
     for name, allowed in (("name", STR), ("filename", STR), ("line", INT)):
@@ -408,20 +408,17 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
         frame_key = np.uint64(14695981039346656037)
         for vid, present, h in parts:
             frame_key = (frame_key ^ h ^ present.astype(np.uint64)) * _PRIME
-        # each stack: the sum of its frames' keys, each times PRIME^(its place), over the entry's segment
-        within = np.arange(len(frames)) - np.repeat(offsets[:-1], np.diff(offsets))
-        powers = np.cumprod(np.full(int(within.max()) + 1, _PRIME, dtype=np.uint64)) if len(within) else []
-        terms = frame_key[frame_of] * np.asarray(powers)[within]
-        nonempty = np.diff(offsets) > 0
-        seq_key = np.zeros(n, np.uint64)
-        seq_key[nonempty] = np.add.reduceat(terms, offsets[:-1][nonempty])
-        seq_key ^= np.diff(offsets).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    # each stack: the sum of its frames' keys, each times PRIME^(its place), and its length (compiled)
+    key_of_object = np.zeros(len(t.kind), np.uint64)
+    key_of_object[distinct] = frame_key
+    seq_key = tape.sequence_keys(t, g.order, g.start, g.count, lists, key_of_object)
+    index_of = {int(f): i for i, f in enumerate(distinct)}
     keys, first, inverse = np.unique(seq_key[has], return_index=True, return_inverse=True)
     rows = np.flatnonzero(has)
     stacks: dict[int, list] = {}
     sid_of_key = np.empty(len(keys), np.uint64)
     for j, row in enumerate(rows[first]):
-        members = frame_of[offsets[row]:offsets[row + 1]]
+        members = [index_of[int(f)] for f in g.children(int(lists[row]))]
         objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
                     for (name, allowed), (vid, present, _) in zip((("name", STR), ("filename", STR), ("line", INT)),
                                                                   parts)} for f in members]

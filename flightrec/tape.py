@@ -60,6 +60,8 @@ def warm() -> None:
         _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
                                                   np.zeros(1, np.int32), np.zeros(1, np.int64))
         _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
+        _compiled("distinct_children", _distinct_children_py)(i32, i32, i64, i32, i64, 1)
+        _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
     
 
 
@@ -521,6 +523,55 @@ def _pivot_py(key, child, order, start, count, dicts, key_slot, n_slots):
             if s >= 0:
                 out[s, i] = child[e]
     return out
+
+
+def _distinct_children_py(child, order, start, count, parents, n_obj):
+    """The distinct children of `parents` (-1: none), in the order first met."""
+    seen = np.zeros(n_obj, np.bool_)
+    out = np.empty(16, np.int64)
+    n = 0
+    for i in range(parents.size):
+        p = parents[i]
+        if p < 0:
+            continue
+        for j in range(start[p], start[p] + count[p]):
+            c = child[order[j]]
+            if not seen[c]:
+                seen[c] = True
+                if n == out.size:
+                    out = np.concatenate((out, np.empty(n, np.int64)))
+                out[n] = c
+                n += 1
+    return out[:n]
+
+
+def _sequence_keys_py(child, order, start, count, parents, key_of_object):
+    """Per parent (-1: none, 0): the sum of its children's keys, each times PRIME^(its place from 1), xor its
+    child count times the golden ratio (wrapping uint64 arithmetic)."""
+    out = np.zeros(parents.size, np.uint64)
+    for i in range(parents.size):
+        p = parents[i]
+        if p < 0:
+            continue
+        h = np.uint64(0)
+        power = np.uint64(1)
+        for j in range(start[p], start[p] + count[p]):
+            power *= np.uint64(1099511628211)
+            h += key_of_object[child[order[j]]] * power
+        out[i] = h ^ (np.uint64(count[p]) * np.uint64(0x9E3779B97F4A7C15))
+    return out
+
+
+def distinct_children(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
+                      parents: np.ndarray) -> np.ndarray:
+    return _compiled("distinct_children", _distinct_children_py)(t.child, order, start, count,
+                                                                 parents.astype(np.int64), len(t.kind))
+
+
+def sequence_keys(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, parents: np.ndarray,
+                  key_of_object: np.ndarray) -> np.ndarray:
+    return _compiled("sequence_keys", _sequence_keys_py)(t.child, order, start, count, parents.astype(np.int64),
+                                                         key_of_object)
 
 
 def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,

@@ -177,7 +177,7 @@ _top_level = st.fixed_dictionaries({}, optional={
     "version": st.one_of(st.sampled_from(["2.10", "1.4", "9.9"]), st.none(), st.integers(1, 2)),
     "comm_lib_version": _text_or_odd, "nccl_version": _text_or_odd,
     "pg_config": st.one_of(st.dictionaries(st.sampled_from(["0", "1", "", "tp"]), _group, max_size=3), st.none(),
-                           st.lists(st.integers(), max_size=1)),
+                           st.lists(st.integers(-2**63, 2**63 - 1), max_size=1)),   # (wider ints: the unpickler's)
     "pg_status": st.one_of(st.dictionaries(st.one_of(st.sampled_from(["0", " 1", "x"]), st.integers(0, 2)), _status,
                                            max_size=3), st.none()),
     "_truncated": st.one_of(st.booleans(), st.just(0), st.none())})
