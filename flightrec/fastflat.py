@@ -38,6 +38,12 @@ class _Unsupported(Exception):
     """The tape holds something only the unpickler's way reads as flatten_dump expects."""
 
 
+# What makes a batch go a file at a time, and a file go the unpickler's way: a layout the array passes don't
+# take; text that is not UTF-8, or that Arrow cannot hold (a lone surrogate; the unpickler's way reports
+# both); a value too deeply nested, or cyclic, to build as a Python value.
+_DECLINED = (_Unsupported, UnicodeError, RecursionError)
+
+
 class _Graph:
     """Children of each container, in the order they were added (edges grouped by parent)."""
 
@@ -82,14 +88,14 @@ def flatten_pickles(datas: list[bytes], ranks: list[int]) -> tuple[dict[str, Any
     g = _Graph(joined)
     try:
         return _batch(joined, g, roots[taken], [ranks[i] for i in taken]), taken
-    except (_Unsupported, UnicodeDecodeError):   # (a text that is not UTF-8: the unpickler reports it)
+    except _DECLINED:
         pass
     parts, read = [], []
     for i in taken:
         try:
             parts.append(_one_file(joined, g, int(roots[i]), ranks[i]))
             read.append(i)
-        except (_Unsupported, UnicodeDecodeError):
+        except _DECLINED:
             continue
     return (merge_parts(parts), read) if parts else (None, [])
 
@@ -124,7 +130,7 @@ def _batch(t: tape.Tape, g: _Graph, roots: np.ndarray, ranks: list[int]) -> dict
     for rank, version, comm_lib, backend, n in zip(ranks, versions, _optional_texts(t, comm), backends, counts):
         metas.append(file_meta(rank, version, backend, comm_lib, int(n), version_problems(version)))
     pg_config, rank_lists = _pg_config(t, g, top["pg_config"], ranks)
-    return {"metas": metas, "entries": table, "pg_config": pg_config, "rank_lists": rank_lists,
+    return {"metas": metas, "entries": table if table.num_rows else None, "pg_config": pg_config, "rank_lists": rank_lists,
             "pg_status": _pg_status(t, g, top["pg_status"], ranks), "stacks": stacks}
 
 

@@ -168,14 +168,27 @@ def _shape_columns(sizes: pa.ChunkedArray) -> tuple[pa.DictionaryArray, pa.Array
     bad_dim = np.asarray(dims.is_null()).astype(np.int64)
     bad_tensor = np.asarray(tensors.is_null()) | (_segment_sum(bad_dim, tensor_len) > 0)
     null = np.asarray(outer.is_null()) | (_segment_sum(bad_tensor.astype(np.int64), entry_len) > 0)
+    dim_values = pc.fill_null(dims, 0).to_numpy()
     with np.errstate(over="ignore"):
-        tensor_key = _mix(_segment_hash(pc.fill_null(dims, 0).to_numpy().astype(np.uint64), tensor_len))
+        tensor_key = _mix(_segment_hash(_mix(dim_values.astype(np.uint64)), tensor_len))
         entry_key = _mix(_segment_hash(tensor_key, entry_len))
     rows = np.flatnonzero(~null)
     _, first, inverse = np.unique(entry_key[rows], return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
     shapes = [outer[int(row)].as_py() for row in rows[first]]
     indices = np.zeros(len(outer), np.int32)
-    indices[rows] = inverse.reshape(-1)
+    indices[rows] = inverse
+    # The hash only proposes: each entry is checked against its shape's first entry, dim by dim, and one that
+    # differs (two shapes with one hash: a crafted file's dims) gets its shape by value.
+    differs = rows[_differs(rows, rows[first][inverse], entry_len, tensor_len, dim_values)]
+    if len(differs):
+        code = {str(shape): i for i, shape in enumerate(shapes)}
+        for row in differs.tolist():
+            shape = outer[row].as_py()
+            if str(shape) not in code:
+                code[str(shape)] = len(shapes)
+                shapes.append(shape)
+            indices[row] = code[str(shape)]
     indices = pa.array(indices, mask=null)
     text = pa.DictionaryArray.from_arrays(indices, pa.array([str(shape) for shape in shapes], type=_STR))
     numel = pc.take(pa.array([_numel(shape) for shape in shapes], type=_I64), indices)
@@ -184,6 +197,31 @@ def _shape_columns(sizes: pa.ChunkedArray) -> tuple[pa.DictionaryArray, pa.Array
 
 _PRIME = np.uint64(1099511628211)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _differs(rows: np.ndarray, reps: np.ndarray, entry_len: np.ndarray, tensor_len: np.ndarray,
+             dim_values: np.ndarray) -> np.ndarray:
+    """For each entry of `rows`, whether its shape differs from that of the entry `reps` gives it (same
+    tensor count, then same dims per tensor, compared position by position)."""
+    bad = entry_len[rows] != entry_len[reps]
+    same_count = np.flatnonzero(~bad)
+    tensor_at = np.cumsum(entry_len) - entry_len
+    a, b, owner = _paired(tensor_at[rows[same_count]], tensor_at[reps[same_count]], entry_len[rows[same_count]])
+    owner = same_count[owner]
+    unequal = tensor_len[a] != tensor_len[b]
+    bad[owner[unequal]] = True
+    dim_at = np.cumsum(tensor_len) - tensor_len
+    keep = ~unequal
+    da, db, dim_owner = _paired(dim_at[a[keep]], dim_at[b[keep]], tensor_len[a[keep]])
+    bad[owner[keep][dim_owner[dim_values[da] != dim_values[db]]]] = True
+    return bad
+
+
+def _paired(a_start: np.ndarray, b_start: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Positions of segments laid side by side: (a_start[i] + k, b_start[i] + k, i) for k < lengths[i]."""
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    within = np.arange(len(owner)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return a_start[owner] + within, b_start[owner] + within, owner
 
 
 def _lengths(lists: pa.Array) -> np.ndarray:

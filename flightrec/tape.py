@@ -212,7 +212,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
     memo_capacity = memo.size
     sp = 0
     mp = 0
-    n_memo = 0   # MEMOIZE (protocol 4) puts at the next free index
+    n_memo = 0   # indexes set: MEMOIZE (protocol 4) puts at len(memo)
     used = 0
     root = -1
     while pos < n:
@@ -255,8 +255,9 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
                 pos += width
             if index >= memo_capacity:
                 break
+            if memo[index] < 0:
+                n_memo += 1   # (Python's memo is a dict: MEMOIZE puts at its size, the count of indexes set)
             memo[index] = stack[sp - 1]
-            n_memo = max(n_memo, index + 1)
             used = max(used, index + 1)
         elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
             width = 4 if op == 0x6A else 1

@@ -3,6 +3,7 @@ import math
 import pickle
 import warnings
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
@@ -244,3 +245,15 @@ def test_shape_text_and_numel_are_what_python_prints_and_counts(values, cut):
     assert text.to_pylist() == [None if v is None else str(v) for v in want]
     counts = [None if v is None else sum(math.prod(t) for t in v) for v in want]
     assert numel.to_pylist() == [n if n is not None and -2**63 <= n < 2**63 else None for n in counts]
+
+
+def test_shapes_sharing_a_hash_still_get_their_own_text(monkeypatch):
+    """The hash only proposes: with one that makes every shape collide, each entry is checked against its
+    group's first entry and gets its own shape by value (a crafted file can make hashes collide)."""
+    import flightrec.flatten as flatten
+
+    monkeypatch.setattr(flatten, "_segment_hash", lambda values, lengths: np.zeros(len(lengths), np.uint64))
+    values = [[[1, 2471, 1622, 1, 1]], [[59, 1, 1, 2627, 1776]], [[8]], [[8], [8]], [], [[]], None, [[8]], [[2, 4]]]
+    text, numel = _shape_columns(pa.chunked_array([pa.array(values, type=pa.list_(pa.list_(pa.int64())))]))
+    assert text.to_pylist() == [None if v is None else str(v) for v in values]
+    assert numel.to_pylist() == [None if v is None else sum(math.prod(t) for t in v) for v in values]
