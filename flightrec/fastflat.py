@@ -21,6 +21,7 @@ from .flatten import (
     RAW_FIELDS,
     _as_int,
     _as_str,
+    _mix,
     _rank_list_key,
     _stack_hash,
     assemble,
@@ -387,14 +388,12 @@ _COLUMN = {"int": _int_column, "float": _float_column, "bool": _bool_column, "st
            "strs": _strs_column, "sizes": _sizes_column}
 
 
-_PRIME = np.uint64(1099511628211)
-
-
 def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[int, list]]:
     """As `flatten._stacks`: an entry's stack is its frames list (a list, not empty), its id the hash of the
-    frames' (name, filename, line). Frames are told apart by content hashes from the tape (equal texts hash
-    equal across files), a stack by a hash of its frames in order; text is decoded and the id computed once
-    per distinct stack."""
+    frames' (name, filename, line). Frames are told apart by content (exact codes of their texts, from
+    `Tape.texts`), stacks by a hash of their frames' codes in order, checked entry by entry against the first
+    entry of the same hash (a collision makes them go by their code sequences instead); text is decoded and
+    the id computed once per distinct stack."""
     n = len(ids)
     kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
     has = (kind == LIST) & (g.count[np.maximum(ids, 0)] > 0)
@@ -405,29 +404,41 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
     if (t.kind[distinct] != DICT).any():
         raise _Unsupported
     field = _fields(t, g, distinct, ("name", "filename", "line"))
-    parts = []
+    parts, content = [], []
     for name, allowed in (("name", STR), ("filename", STR), ("line", INT)):
         vid = field[name]
         present, _ = _kinds(t, vid, (allowed,))
-        parts.append((vid, present, np.where(present, t.value[np.maximum(vid, 0)], 0).astype(np.uint64)))
-    with np.errstate(over="ignore"):
-        frame_key = np.uint64(14695981039346656037)
-        for vid, present, h in parts:
-            frame_key = (frame_key ^ h ^ present.astype(np.uint64)) * _PRIME
+        value = np.zeros(len(vid), np.int64)
+        if allowed == INT:
+            value[present] = t.value[vid[present]]
+        elif present.any():
+            value[present] = t.texts(vid[present])[1]
+        parts.append((vid, present))
+        content += [present.astype(np.int64), value]
+    _, frame_code = np.unique(np.stack(content, axis=1), axis=0, return_inverse=True)
+    code_of_object = np.full(len(t.kind), -1, np.int64)
+    code_of_object[distinct] = frame_code.reshape(-1)
     # each stack: the sum of its frames' keys, each times PRIME^(its place), and its length (compiled)
-    key_of_object = np.zeros(len(t.kind), np.uint64)
-    key_of_object[distinct] = frame_key
+    with np.errstate(over="ignore"):
+        key_of_object = _mix(code_of_object.astype(np.uint64))
     seq_key = tape.sequence_keys(t, g.order, g.start, g.count, lists, key_of_object)
-    index_of = {int(f): i for i, f in enumerate(distinct)}
-    keys, first, inverse = np.unique(seq_key[has], return_index=True, return_inverse=True)
     rows = np.flatnonzero(has)
+    _, first, inverse = np.unique(seq_key[rows], return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if not tape.same_sequences(t, g.order, g.start, g.count, lists[rows], lists[rows[first][inverse]],
+                               code_of_object):
+        by_codes: dict[tuple, int] = {}
+        inverse = np.array([by_codes.setdefault(tuple(code_of_object[g.children(int(lists[row]))].tolist()),
+                                                len(by_codes)) for row in rows], dtype=np.int64)
+        first = np.unique(inverse, return_index=True)[1]
+    index_of = {int(f): i for i, f in enumerate(distinct)}
     stacks: dict[int, list] = {}
-    sid_of_key = np.empty(len(keys), np.uint64)
+    sid_of_key = np.empty(len(first), np.uint64)
     for j, row in enumerate(rows[first]):
         members = [index_of[int(f)] for f in g.children(int(lists[row]))]
         objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
-                    for (name, allowed), (vid, present, _) in zip((("name", STR), ("filename", STR), ("line", INT)),
-                                                                  parts)} for f in members]
+                    for (name, allowed), (vid, present) in zip((("name", STR), ("filename", STR), ("line", INT)),
+                                                               parts)} for f in members]
         sid = _stack_hash(objects)
         sid_of_key[j] = sid
         stacks.setdefault(sid, [{"name": _as_str(f["name"]), "filename": _as_str(f["filename"]),

@@ -60,6 +60,8 @@ def warm() -> None:
         _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
                                                   np.zeros(1, np.int32), np.zeros(1, np.int64))
         _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
+        _compiled("same_texts", _same_texts_py)(np.zeros(1, np.uint8), i64, i64, i64, i64)
+        _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
         _compiled("distinct_children", _distinct_children_py)(i32, i32, i64, i32, i64, 1)
         _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
     
@@ -87,22 +89,50 @@ class Tape:
 
     def texts(self, objs: np.ndarray) -> tuple[list[str], np.ndarray]:
         """The distinct texts of str objects `objs` and each one's index among them: decoded once per
-        distinct content (by the walker's hash), not once per object (each file has its own objects)."""
+        distinct content, not once per object (each file has its own objects). Contents are grouped by the
+        walker's hash, and each object's bytes are then checked against its group's first: a collision (a
+        crafted file) makes the grouping go by decoded text instead."""
         # distinct objects first, in one pass (files share them: keys, repeated values), then their hashes
         objects, object_index = dense_codes(objs, len(self.kind))
         _, first, index = np.unique(self.value[objects], return_index=True, return_inverse=True)
-        return [self.text(int(objects[i])) for i in first], index.reshape(-1)[object_index]
+        index = index.reshape(-1)
+        if _compiled("same_texts", _same_texts_py)(self._bytes(), self.text_start, self.text_len, objects,
+                                                   objects[first][index]):
+            return [self.text(int(objects[i])) for i in first], index[object_index]
+        words: dict[str, int] = {}
+        by_text = np.array([words.setdefault(self.text(int(o)), len(words)) for o in objects], dtype=np.int64)
+        return list(words), by_text[object_index]
 
     def text(self, obj: int) -> str:
         start, size = int(self.text_start[obj]), int(self.text_len[obj])
         if size < 1024:
             return self.data[start:start + size].decode("utf-8", "surrogatepass")
         # a long text (the world group's rank list, in every file) is decoded once: the same str object
-        # then also hashes once where it is a key (flatten._rank_list_key)
+        # then also hashes once where it is a key (flatten._rank_list_key). Found by hash, kept if the bytes agree.
+        raw = self.data[start:start + size]
         known = self._long_texts.get(int(self.value[obj]))
-        if known is None:
-            known = self._long_texts[int(self.value[obj])] = self.data[start:start + size].decode("utf-8", "surrogatepass")
-        return known
+        if known is not None and known[0] == raw:
+            return known[1]
+        text = raw.decode("utf-8", "surrogatepass")
+        self._long_texts[int(self.value[obj])] = (raw, text)
+        return text
+
+    def _bytes(self) -> np.ndarray:
+        return np.frombuffer(self.data, dtype=np.uint8)
+
+
+def _same_texts_py(data, start, length, objs, reps):
+    """Whether each of the str objects `objs` has the same bytes as its counterpart in `reps`."""
+    for i in range(objs.size):
+        a, b = objs[i], reps[i]
+        if a == b:
+            continue
+        if length[a] != length[b]:
+            return False
+        for k in range(length[a]):
+            if data[start[a] + k] != data[start[b] + k]:
+                return False
+    return True
 
 
 def read(data: bytes) -> Tape | None:
@@ -561,6 +591,26 @@ def _sequence_keys_py(child, order, start, count, parents, key_of_object):
             h += key_of_object[child[order[j]]] * power
         out[i] = h ^ (np.uint64(count[p]) * np.uint64(0x9E3779B97F4A7C15))
     return out
+
+
+def _same_sequences_py(child, order, start, count, parents, reps, code_of_object):
+    """Whether each of `parents` has the same children's codes, in order, as its counterpart in `reps`."""
+    for i in range(parents.size):
+        a, b = parents[i], reps[i]
+        if a == b:
+            continue
+        if count[a] != count[b]:
+            return False
+        for k in range(count[a]):
+            if code_of_object[child[order[start[a] + k]]] != code_of_object[child[order[start[b] + k]]]:
+                return False
+    return True
+
+
+def same_sequences(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, parents: np.ndarray,
+                   reps: np.ndarray, code_of_object: np.ndarray) -> bool:
+    return _compiled("same_sequences", _same_sequences_py)(t.child, order, start, count, parents.astype(np.int64),
+                                                           reps.astype(np.int64), code_of_object)
 
 
 def distinct_children(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
