@@ -388,6 +388,18 @@ _COLUMN = {"int": _int_column, "float": _float_column, "bool": _bool_column, "st
            "strs": _strs_column, "sizes": _sizes_column}
 
 
+def _row_codes(columns: list[np.ndarray]) -> np.ndarray:
+    """A dense code per row of equal-length int columns, equal exactly where every column is (a sort by all
+    of them: np.unique(axis=0) is 10x slower)."""
+    order = np.lexsort(columns[::-1])
+    step = np.zeros(len(order), bool)
+    for column in columns:
+        step[1:] |= column[order][1:] != column[order][:-1]
+    codes = np.empty(len(order), np.int64)
+    codes[order] = np.cumsum(step)
+    return codes
+
+
 def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[int, list]]:
     """As `flatten._stacks`: an entry's stack is its frames list (a list, not empty), its id the hash of the
     frames' (name, filename, line). Frames are told apart by content (exact codes of their texts, from
@@ -415,12 +427,13 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
             value[present] = t.texts(vid[present])[1]
         parts.append((vid, present))
         content += [present.astype(np.int64), value]
-    _, frame_code = np.unique(np.stack(content, axis=1), axis=0, return_inverse=True)
+    codes = _row_codes(content)
     code_of_object = np.full(len(t.kind), -1, np.int64)
-    code_of_object[distinct] = frame_code.reshape(-1)
+    code_of_object[distinct] = codes
     # each stack: the sum of its frames' keys, each times PRIME^(its place), and its length (compiled)
+    key_of_object = np.zeros(len(t.kind), np.uint64)
     with np.errstate(over="ignore"):
-        key_of_object = _mix(code_of_object.astype(np.uint64))
+        key_of_object[distinct] = _mix(codes.astype(np.uint64))
     seq_key = tape.sequence_keys(t, g.order, g.start, g.count, lists, key_of_object)
     rows = np.flatnonzero(has)
     _, first, inverse = np.unique(seq_key[rows], return_index=True, return_inverse=True)
@@ -431,11 +444,12 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
         inverse = np.array([by_codes.setdefault(tuple(code_of_object[g.children(int(lists[row]))].tolist()),
                                                 len(by_codes)) for row in rows], dtype=np.int64)
         first = np.unique(inverse, return_index=True)[1]
-    index_of = {int(f): i for i, f in enumerate(distinct)}
+    index_of = np.full(len(t.kind), -1, np.int64)
+    index_of[distinct] = np.arange(len(distinct))
     stacks: dict[int, list] = {}
     sid_of_key = np.empty(len(first), np.uint64)
     for j, row in enumerate(rows[first]):
-        members = [index_of[int(f)] for f in g.children(int(lists[row]))]
+        members = index_of[g.children(int(lists[row]))].tolist()
         objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
                     for (name, allowed), (vid, present) in zip((("name", STR), ("filename", STR), ("line", INT)),
                                                                parts)} for f in members]

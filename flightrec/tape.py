@@ -60,7 +60,7 @@ def warm() -> None:
         _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
                                                   np.zeros(1, np.int32), np.zeros(1, np.int64))
         _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
-        _compiled("same_texts", _same_texts_py)(np.zeros(1, np.uint8), i64, i64, i64, i64)
+        _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
         _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
         _compiled("distinct_children", _distinct_children_py)(i32, i32, i64, i32, i64, 1)
         _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
@@ -96,8 +96,8 @@ class Tape:
         objects, object_index = dense_codes(objs, len(self.kind))
         _, first, index = np.unique(self.value[objects], return_index=True, return_inverse=True)
         index = index.reshape(-1)
-        if _compiled("same_texts", _same_texts_py)(self._bytes(), self.text_start, self.text_len, objects,
-                                                   objects[first][index]):
+        reps = objects[first][index]
+        if self._same_bytes(objects, reps):
             return [self.text(int(objects[i])) for i in first], index[object_index]
         words: dict[str, int] = {}
         by_text = np.array([words.setdefault(self.text(int(o)), len(words)) for o in objects], dtype=np.int64)
@@ -105,7 +105,7 @@ class Tape:
 
     def text(self, obj: int) -> str:
         start, size = int(self.text_start[obj]), int(self.text_len[obj])
-        if size < 1024:
+        if size < _LONG_TEXT:
             return self.data[start:start + size].decode("utf-8", "surrogatepass")
         # a long text (the world group's rank list, in every file) is decoded once: the same str object
         # then also hashes once where it is a key (flatten._rank_list_key). Found by hash, kept if the bytes agree.
@@ -117,21 +117,36 @@ class Tape:
         self._long_texts[int(self.value[obj])] = (raw, text)
         return text
 
-    def _bytes(self) -> np.ndarray:
-        return np.frombuffer(self.data, dtype=np.uint8)
+    def _same_bytes(self, objs: np.ndarray, reps: np.ndarray) -> bool:
+        """Whether each of the str objects `objs` has the same bytes as its counterpart in `reps`: short ones
+        compared in a compiled loop, long ones (a rank list in every file) as bytes (memcmp)."""
+        if not _compiled("same_texts", _same_texts_py)(np.frombuffer(self.data, dtype=np.uint8), self.text_start,
+                                                       self.text_len, objs, reps, _LONG_TEXT):
+            return False
+        long = np.flatnonzero((objs != reps) & (self.text_len[objs] >= _LONG_TEXT))
+        for a, b in zip(objs[long].tolist(), reps[long].tolist()):
+            size, sa, sb = int(self.text_len[a]), int(self.text_start[a]), int(self.text_start[b])
+            if self.data[sa:sa + size] != self.data[sb:sb + size]:
+                return False
+        return True
 
 
-def _same_texts_py(data, start, length, objs, reps):
-    """Whether each of the str objects `objs` has the same bytes as its counterpart in `reps`."""
+_LONG_TEXT = 1024
+
+
+def _same_texts_py(data, start, length, objs, reps, long_text):
+    """Whether each of the str objects `objs` has the same length as its counterpart in `reps`, and the same
+    bytes where shorter than `long_text`."""
     for i in range(objs.size):
         a, b = objs[i], reps[i]
         if a == b:
             continue
         if length[a] != length[b]:
             return False
-        for k in range(length[a]):
-            if data[start[a] + k] != data[start[b] + k]:
-                return False
+        if length[a] < long_text:
+            for k in range(length[a]):
+                if data[start[a] + k] != data[start[b] + k]:
+                    return False
     return True
 
 
