@@ -225,7 +225,8 @@ def _u32_py(data, pos):
 def _text_hash_py(data, pos, size):
     """A 64-bit hash of `data[pos:pos + size]`, FNV-1a style but eight bytes a step: the world group's rank
     list (~110 KB at 16K ranks) is in every file, and a byte a step made hashing it a third of the walk.
-    Each step is a bijection of the state, so texts of one length that differ in one word never collide."""
+    Each step is a bijection of the state, so texts of one length that differ in one word never collide; it
+    is no cryptographic hash (texts can be crafted to collide), so equal hashes are checked (`Tape.texts`)."""
     h = np.uint64(14695981039346656037) ^ np.uint64(size)
     k = pos
     end = pos + size
@@ -265,7 +266,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
         pos += 1
         made = -1   # a new object to push
         if op == 0x80:  # PROTO
-            if pos + 1 > n:
+            if pos + 1 > n or data[pos] > 5:   # (Python refuses a protocol it doesn't know: so does this)
                 break
             pos += 1
         elif op == 0x95:  # FRAME: an 8-byte length, framing only

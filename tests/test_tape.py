@@ -241,3 +241,7 @@ def test_stacks_sharing_a_hash_still_get_their_own_frames(monkeypatch):
     want = flatten_dump(read_dump(paths[0])[0], 0)
     monkeypatch.setattr(tape, "sequence_keys", lambda t, order, start, count, parents, keys: np.zeros(len(parents), np.uint64))
     _same(want, fastflat.flatten_pickle(read_dump_bytes(paths[0]), 0))
+
+
+def test_a_protocol_python_does_not_know_is_left_to_the_unpickler():
+    assert tape.read(b"\x80\x05N.") is not None and tape.read(b"\x80\x06N.") is None
