@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from . import tape
 from .flatten import (
@@ -334,18 +333,22 @@ def _bool_column(t, g, ids, typ):
     return pa.array(t.value[np.maximum(ids, 0)] != 0, type=typ, mask=~present)
 
 
-def _texts(t: tape.Tape, ids: np.ndarray) -> pa.Array:
-    """Text of string objects `ids` (all STR): decoded once per distinct object."""
-    words, index = t.texts(ids)
-    return pa.array(words, type=pa.string()).take(pa.array(index.astype(np.int32)))
+def _texts(t: tape.Tape, ids: np.ndarray, present: np.ndarray | None = None) -> pa.Array:
+    """Text of string objects `ids` (all STR where `present`, null elsewhere): decoded once per distinct text."""
+    if present is None:
+        words, index = t.texts(ids)
+        return pa.array(words, type=pa.string()).take(pa.array(index.astype(np.int32)))
+    words, index = t.texts(ids[present])
+    at = np.zeros(len(ids), np.int32)
+    at[present] = index
+    return pa.array(words, type=pa.string()).take(pa.array(at, mask=~present))
 
 
 def _str_column(t, g, ids, typ):
     present, _ = _kinds(t, ids, (STR,))
     if not present.any():
         return pa.nulls(len(ids), typ)
-    texts = _texts(t, np.where(present, ids, ids[present][0]))   # (absent ones borrow a text, then masked)
-    return pc.if_else(pa.array(present), texts, pa.scalar(None, typ))
+    return _texts(t, ids, present)
 
 
 def _sequence(t, g, ids: np.ndarray, item_kinds: tuple[int, ...]):
