@@ -279,7 +279,10 @@ def _materialize(t: tape.Tape, g: _Graph, obj: int) -> Any:
         else:
             items = [_materialize(t, g, int(c)) for c in children]
         return items if k == LIST else tuple(items)
-    return {_materialize(t, g, int(t.key[e])): _materialize(t, g, int(t.child[e])) for e in g.edges(obj)}
+    try:
+        return {_materialize(t, g, int(t.key[e])): _materialize(t, g, int(t.child[e])) for e in g.edges(obj)}
+    except TypeError:   # a key Python can't hash (a list, a dict): pickle.load refuses the file, and so does this
+        raise _Unsupported from None
 
 
 def _fields(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:

@@ -245,3 +245,14 @@ def test_stacks_sharing_a_hash_still_get_their_own_frames(monkeypatch):
 
 def test_a_protocol_python_does_not_know_is_left_to_the_unpickler():
     assert tape.read(b"\x80\x05N.") is not None and tape.read(b"\x80\x06N.") is None
+
+
+def test_a_key_python_cannot_hash_declines_the_file_without_raising():
+    """A list as a pg_config key (pickle.load refuses such a file): the file is declined, not raised on."""
+    def text(x):
+        return b"\x8c" + bytes([len(x)]) + x.encode()
+    data = (b"\x80\x04}(" + text("version") + text("2.4") + text("entries") + b"]"
+            + text("pg_config") + b"}](K\x01e}s" + b"u.")
+    with pytest.raises(TypeError):
+        pickle.loads(data)
+    assert fastflat.flatten_pickles([data], [0]) == (None, [])
