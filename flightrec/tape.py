@@ -56,13 +56,12 @@ def warm() -> None:
         dense_codes(np.zeros(1, np.int64), 1)
         _compiled("group_by_parent", _group_by_parent_py)(np.zeros(1, np.int32), 1)
         i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
-        _compiled("dict_keys", _dict_keys_py)(i32, i32, i64, i32, i64, 1)
+        _compiled("distinct_items", _distinct_items_py)(i32, i32, i64, i32, i64, 1)
         _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
                                                   np.zeros(1, np.int32), np.zeros(1, np.int64))
         _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
         _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
         _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
-        _compiled("distinct_children", _distinct_children_py)(i32, i32, i64, i32, i64, 1)
         _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
     
 
@@ -540,24 +539,6 @@ def _compiled(name: str, fn):
     return _helpers[name]
 
 
-def _dict_keys_py(key, order, start, count, dicts, n_obj):
-    """The distinct key objects of the items of dict objects `dicts` (their edges only, not the whole tape's)."""
-    seen = np.zeros(n_obj, np.bool_)
-    distinct = np.empty(16, np.int64)
-    n = 0
-    for i in range(dicts.size):
-        d = dicts[i]
-        for j in range(start[d], start[d] + count[d]):
-            k = key[order[j]]
-            if not seen[k]:
-                seen[k] = True
-                if n == distinct.size:
-                    distinct = np.concatenate((distinct, np.empty(n, np.int64)))
-                distinct[n] = k
-                n += 1
-    return distinct[:n]
-
-
 def _pivot_py(key, child, order, start, count, dicts, key_slot, n_slots):
     """(slot, i) -> the value object of the item of dicts[i] whose key has that slot; -1 where none (the last
     one where a key repeats, as a dict keeps)."""
@@ -572,8 +553,9 @@ def _pivot_py(key, child, order, start, count, dicts, key_slot, n_slots):
     return out
 
 
-def _distinct_children_py(child, order, start, count, parents, n_obj):
-    """The distinct children of `parents` (-1: none), in the order first met."""
+def _distinct_items_py(child, order, start, count, parents, n_obj):
+    """The distinct children of `parents` (-1: none), in the order first met; given the edges' keys for
+    `child`, the distinct keys of dicts."""
     seen = np.zeros(n_obj, np.bool_)
     out = np.empty(16, np.int64)
     n = 0
@@ -631,8 +613,8 @@ def same_sequences(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.nd
 
 def distinct_children(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
                       parents: np.ndarray) -> np.ndarray:
-    return _compiled("distinct_children", _distinct_children_py)(t.child, order, start, count,
-                                                                 parents.astype(np.int64), len(t.kind))
+    return _compiled("distinct_items", _distinct_items_py)(t.child, order, start, count, parents.astype(np.int64),
+                                                           len(t.kind))
 
 
 def sequence_keys(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, parents: np.ndarray,
@@ -649,7 +631,9 @@ def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarr
 
 
 def dict_keys(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray) -> np.ndarray:
-    return _compiled("dict_keys", _dict_keys_py)(t.key, order, start, count, dicts.astype(np.int64), len(t.kind))
+    """The distinct key objects of the items of dict objects `dicts`."""
+    return _compiled("distinct_items", _distinct_items_py)(t.key, order, start, count, dicts.astype(np.int64),
+                                                           len(t.kind))
 
 
 def pivot(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray,
