@@ -1,11 +1,14 @@
-"""A dump's columns from its pickle's object table (`tape`), without Python objects per entry.
+"""A batch of dumps' columns from their pickles' object table (`tape`), without Python objects per entry.
 
-Gives exactly what `flatten.flatten_dump(unpickled dump)` gives, for the dumps the recorder writes: every entry a
-dict, every value of its field's type (a missing key or None is null). Anything else (a value of another
-type, an entry that is not a dict, a dump that is a bare list) returns None, and the caller takes the
-unpickler's way, which coerces, notes the problem and salvages. The entry dicts' edges are pivoted into one
-value column per field by compiled passes (tape.pivot); text is decoded once per distinct content (by the
-walker's hash: each file has its own string objects), stacks hashed once per distinct frame sequence.
+Gives exactly what `flatten.flatten_dump(unpickled dump)` gives, merged over the files (`flatten.merge_parts`),
+for the dumps the recorder writes: every entry a dict, every value of its field's type (a missing key or None
+is null). A file holding anything else (a value of another type, an entry that is not a dict, a dump that is
+a bare list) is left out, and the caller takes the unpickler's way for it, which coerces, notes the problem
+and salvages. The entry dicts' edges are pivoted into one value column per field by compiled passes
+(tape.pivot), and each batch's metadata, groups and statuses come from array passes too. Text is decoded once
+per distinct content, stacks hashed once per distinct frame sequence. Hashes only group: each text and each
+stack is checked against its group's first (bytes, frame codes), and a collision falls back to grouping by
+value.
 """
 
 from __future__ import annotations
