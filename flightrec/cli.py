@@ -54,6 +54,10 @@ def _guard(fn):
     return wrapper
 
 
+def _keep_reader(ctx: click.Context, _param, value: str) -> None:
+    ctx.meta["flightrec.reader"] = value
+
+
 def load_options(fn):
     """Options shared by every command that reads dumps."""
     decorators = [
@@ -63,6 +67,11 @@ def load_options(fn):
                      help="Ranks in the job, when the dumps don't say (Gloo dumps don't)."),
         click.option("--no-cache", is_flag=True, help="Don't read or write the Parquet cache."),
         click.option("--workers", type=click.IntRange(min=1), help="Processes for parsing (default: all cores)."),
+        # (not a parameter of every command: kept in the context, read where the load options are made)
+        click.option("--reader", type=click.Choice(["auto", "tape", "unpickler"]), default="auto", expose_value=False,
+                     callback=_keep_reader,
+                     help="Pickle reader: 'tape' (compiled, needs the fast extra), 'unpickler', or 'auto' (the "
+                          "tape from 256 MB of pickles when installed)."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar and no warnings on stderr."),
     ]
     for d in reversed(decorators):
@@ -97,8 +106,9 @@ def _progress(quiet: bool):
 
 
 def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
+    reader = click.get_current_context().meta.get("flightrec.reader", "auto")
     return LoadOptions(prefix=prefix, world_size=world_size, use_cache=not no_cache, workers=workers,
-                       progress=progress)
+                       progress=progress, reader=reader)
 
 
 def _emit(text: str, output: Path | None) -> None:

@@ -188,3 +188,13 @@ def test_dumps_beside_shards_are_named_not_silently_ignored(runner, hung, tmp_pa
     assert runner.invoke(main, ["convert", str(hung / "node00000"), str(shard), "--shard-only"]).exit_code == 0
     result = runner.invoke(main, ["analyze", str(hung), "-f", "json"])
     assert "ignored 16 dump file(s) outside them" in result.stderr  # the pickles stay beside the shard
+
+
+def test_either_pickle_reader_gives_the_same_report(runner, hung):
+    """--reader picks the pickle reader (the compiled tape needs the fast extra): the report is the same."""
+    pytest.importorskip("numba")
+    reports = [runner.invoke(main, ["analyze", str(hung), "-f", "json", "--no-cache", "--reader", reader])
+               for reader in ("tape", "unpickler")]
+    assert [r.exit_code for r in reports] == [1, 1]
+    tape_report, plain_report = (json.loads(r.stdout) for r in reports)
+    assert tape_report == plain_report and tape_report["culprits"]["ranks"] == [6]
