@@ -307,7 +307,8 @@ def _use_tape(reader: str, total_bytes: int) -> bool:
     if reader not in ("auto", "tape", "unpickler"):
         raise FlightrecError(f"unknown reader {reader!r}: use 'auto', 'tape' or 'unpickler'")
     if reader == "tape" and not tape.available():
-        raise FlightrecError("the tape reader needs numba: pip install 'flightrec[fast]' (or use reader='auto')")
+        raise FlightrecError("the tape reader needs numba: pip install 'flightrec[fast]', or read with the "
+                             "'auto' or 'unpickler' reader")
     return reader == "tape" or (reader == "auto" and total_bytes >= TAPE_MIN_BYTES and tape.available())
 
 

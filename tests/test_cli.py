@@ -198,3 +198,12 @@ def test_either_pickle_reader_gives_the_same_report(runner, hung):
     assert [r.exit_code for r in reports] == [1, 1]
     tape_report, plain_report = (json.loads(r.stdout) for r in reports)
     assert tape_report == plain_report and tape_report["culprits"]["ranks"] == [6]
+
+
+def test_the_compiled_reader_without_numba_is_a_clear_usage_error(runner, hung, monkeypatch):
+    from flightrec import tape
+
+    monkeypatch.setattr(tape, "available", lambda: False)
+    result = runner.invoke(main, ["analyze", str(hung), "--reader", "tape", "--no-cache"])
+    assert result.exit_code == 2
+    assert "pip install 'flightrec[fast]'" in result.stderr and "Traceback" not in result.stderr
