@@ -198,9 +198,9 @@ def _pg_status(t: tape.Tape, g: _Graph, statuses: np.ndarray, ranks: list[int]) 
     owner, keys, values = _items(t, g, statuses, ranks)
     if not len(values):
         return []
-    if (t.kind[values] != DICT).any() or not _only(t.kind[keys], (STR, INT)):
+    if (t.kind[values] != DICT).any():
         raise _Unsupported
-    pg_ids = [_as_int(k) for k in _optional_texts(t, keys, required=True, ints=True)]
+    pg_ids = [_as_int(k) for k in _optional_texts(t, keys, required=True, ints=True)]   # (keys: text or int)
     if None in pg_ids:
         raise _Unsupported
     field = _fields(t, g, values, _STATUS_KEYS)
@@ -211,19 +211,16 @@ def _pg_status(t: tape.Tape, g: _Graph, statuses: np.ndarray, ranks: list[int]) 
 def _optional_texts(t: tape.Tape, ids: np.ndarray, required: bool = False, ints: bool = False) -> list:
     """The text of each of `ids` (None where absent or None); with `ints`, an int object is its value.
     Another kind (or an absent one when `required`) is _Unsupported: flatten would coerce it with str()."""
-    present = ids >= 0
-    kind = np.where(present, t.kind[np.maximum(ids, 0)], NONE)
-    is_text = kind == STR
-    is_int = (kind == INT) if ints else np.zeros(len(ids), bool)
-    if not (is_text | is_int | ((kind == NONE) & (not required))).all():
+    present, kind = _kinds(t, ids, (STR, INT) if ints else (STR,))
+    if required and not present.all():
         raise _Unsupported
     out: list = [None] * len(ids)
-    if is_text.any():
-        where = np.flatnonzero(is_text)
-        words, index = t.texts(ids[where])
-        for i, w in zip(where.tolist(), index.tolist()):
+    texts = np.flatnonzero(kind == STR)
+    if len(texts):
+        words, index = t.texts(ids[texts])
+        for i, w in zip(texts.tolist(), index.tolist()):
             out[i] = words[w]
-    for i in np.flatnonzero(is_int).tolist():
+    for i in np.flatnonzero(kind == INT).tolist():
         out[i] = int(t.value[ids[i]])
     return out
 
@@ -360,15 +357,11 @@ def _str_column(t, g, ids, typ):
 def _sequence(t, g, ids: np.ndarray, item_kinds: tuple[int, ...]):
     """(present, offsets, items) of the list (or tuple) objects `ids`; items of `item_kinds` only."""
     present, _ = _kinds(t, ids, _SEQUENCES)
-    offsets, items = g.children_of(np.where(present, ids, _childless(g)))
+    # (a missing or None value reads as an object without children: no items, then masked null)
+    offsets, items = g.children_of(np.where(present, ids, g.childless))
     if len(items) and not _only(t.kind[items], item_kinds):
         raise _Unsupported
     return present, offsets, items
-
-
-def _childless(g: _Graph) -> int:
-    """An object without children: a missing or None value reads as no items (then masked null)."""
-    return g.childless
 
 
 def _only(kinds: np.ndarray, allowed: tuple[int, ...]) -> bool:
