@@ -54,24 +54,37 @@ def _strip_suffixes(name: str) -> str:
     return name
 
 
-def _walk_files(root: Path) -> list[Path]:
-    """Every regular file below root, following directory symlinks once (loops are cut)."""
-    found: list[Path] = []
+def _walk_files(root: Path) -> list[tuple[Path, str, os.stat_result]]:
+    """Every regular file below root: (path, its folder, its stat), following directory symlinks once (loops
+    are cut). One `scandir` a folder, one stat a file, paths made as children of their folder's: at 16K dumps,
+    `os.walk`, two stats a file and a parsed path each took 0.4 s of a 10 s warm analysis."""
+    found: list[tuple[Path, str, os.stat_result]] = []
     seen_dirs: set[tuple[int, int]] = set()
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        stat = os.stat(dirpath)
-        key = (stat.st_dev, stat.st_ino)
-        if key in seen_dirs:
-            dirnames[:] = []
+    pending = [os.fspath(root)]
+    while pending:
+        folder = pending.pop()
+        try:
+            stat = os.stat(folder)
+            with os.scandir(folder) as it:
+                listing = sorted(it, key=lambda entry: entry.name)
+        except OSError:
+            continue   # (unreadable folders are skipped, as os.walk does)
+        if (stat.st_dev, stat.st_ino) in seen_dirs:
             continue
-        seen_dirs.add(key)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != CACHE_DIR_NAME)
-        for filename in sorted(filenames):
-            if filename.startswith("."):
+        seen_dirs.add((stat.st_dev, stat.st_ino))
+        subfolders, base = [], Path(folder)
+        for entry in listing:
+            if entry.name.startswith("."):
                 continue
-            path = Path(dirpath) / filename
-            if path.is_file():
-                found.append(path)
+            try:
+                if entry.is_dir():
+                    if entry.name != CACHE_DIR_NAME:
+                        subfolders.append(entry.path)
+                elif entry.is_file():
+                    found.append((base / entry.name, folder, entry.stat()))
+            except OSError:
+                continue   # (a file removed or a link broken while listing)
+        pending.extend(reversed(subfolders))   # depth first, in name order
     return found
 
 
@@ -104,21 +117,24 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     root = Path(root)
     if not root.exists():
         raise NoDumpsError(f"{root}: no such file or directory; pass the folder the ranks wrote their dumps to")
-    paths = [root] if root.is_file() else _walk_files(root)
+    paths = [(root, "", root.stat())] if root.is_file() else _walk_files(root)
 
-    candidates: list[tuple[Path, str, int]] = []
+    candidates: list[tuple[Path, str, int, os.stat_result]] = []
     skipped: list[Path] = []
-    for path in paths:
+    folders: set[str] = set()
+    for path, folder, stat in paths:
         stem = _strip_suffixes(path.name)
         if prefix is not None:
             if not stem.startswith(prefix) or not stem[len(prefix):].isdigit():
                 skipped.append(path)
                 continue
-            candidates.append((path, "", int(stem[len(prefix):])))
+            candidates.append((path, "", int(stem[len(prefix):]), stat))
+            folders.add(folder)
             continue
         match = _TRAILING_RANK.match(stem)
         if match:
-            candidates.append((path, match["prefix"], int(match["rank"])))
+            candidates.append((path, match["prefix"], int(match["rank"]), stat))
+            folders.add(folder)
         else:
             skipped.append(path)
     noteworthy = [p for p in skipped if _looks_binary_dump(p)]
@@ -135,7 +151,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
         )
 
     # Host from the name: the part of the prefix before what all prefixes share, when it differs per file.
-    name_prefixes = [p for _, p, _ in candidates]
+    name_prefixes = [p for _, p, _, _ in candidates]
     host_by_name: dict[str, str | None] = {}
     if len(set(name_prefixes)) > 1:
         shared = _common_suffix(name_prefixes)
@@ -143,15 +159,13 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
             host = p[: len(p) - len(shared)].rstrip(_SEPARATORS)
             host_by_name[p] = host or None
     # Host from the folder: only when dumps are spread over several folders (one folder a host).
-    parents = {path.parent for path, _, _ in candidates}
-    folder_is_host = len(parents) > 1
+    folder_is_host = len(folders) > 1
 
     files = []
-    for path, name_prefix, rank in candidates:
+    for path, name_prefix, rank, stat in candidates:
         host = host_by_name.get(name_prefix)
         if host is None and folder_is_host:
             host = path.parent.name
-        stat = path.stat()
         files.append(DumpFile(path=path, rank=rank, host=host, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     return _one_file_per_rank(files)
 
