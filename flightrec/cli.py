@@ -65,7 +65,7 @@ def load_options(fn):
         click.option("--prefix", help="File-name prefix before the rank (default: any name ending in a number)."),
         click.option("--world-size", type=click.IntRange(min=1),
                      help="Ranks in the job, when the dumps don't say (Gloo dumps don't)."),
-        click.option("--no-cache", is_flag=True, help="Don't read or write the Parquet cache."),
+        click.option("--no-cache", is_flag=True, help="Don't read or write the cache of parsed dumps."),
         click.option("--workers", type=click.IntRange(min=1), help="Processes for parsing (default: all cores)."),
         # (not a parameter of every command: kept in the context, read where the load options are made)
         click.option("--reader", type=click.Choice(["auto", "tape", "unpickler"]), default="auto", expose_value=False,

@@ -53,7 +53,7 @@ class LoadOptions:
         prefix: file-name prefix before the rank; default: any name ending in a number.
         world_size: the job's world size when no dump says it (Gloo dumps carry no group config).
         workers: processes for parsing; default: one per core.
-        use_cache: read and write the Parquet cache.
+        use_cache: read and write the cache (see `flightrec.cache`).
         cache_dir: where the cache lives; default `$FLIGHTREC_CACHE_DIR` or `~/.cache/flightrec`.
         progress: called as progress(done_files, total_files) while parsing.
         reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow (always
@@ -627,12 +627,13 @@ SPILL_BYTES = 1 << 30   # entries above this are made one chunk through disk, no
 def _reload_in_one_chunk(raw: dict[str, pl.DataFrame], folder: Path) -> None:
     """The workers' entries come in one chunk per batch, partly memory-mapped from their spool files; the
     analysis needs one chunk per column. Copying them into one in memory would hold both copies at once (10 GB
-    at 16K ranks x 2,000 entries, and fresh pages are slow on VMs); instead they are read back from the cache
-    just written (one row group), or from a spool file written the same way, after the first copy is released."""
+    at 16K ranks x 2,000 entries, and fresh pages are slow on VMs); instead they are memory-mapped back from the
+    cache just written (one chunk a column), or from spool files written the same way, after the first copy is
+    released."""
     if all(n <= 1 for n in raw["entries"].n_chunks("all")) or raw["entries"].estimated_size() < SPILL_BYTES:
         return   # small: `assemble` copies it into one chunk in memory, which is faster than a round trip
-    path = folder / "entries.parquet"
+    path = folder / "entries"
     if not path.exists():
-        raw["entries"].write_parquet(path, compression="lz4", statistics=False, row_group_size=raw["entries"].height)
+        _cache.write_columns(raw["entries"], path)
     raw["entries"] = None
-    raw["entries"] = pl.read_parquet(path)
+    raw["entries"] = _cache.read_columns(path)

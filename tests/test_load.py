@@ -103,13 +103,18 @@ def test_missing_rank_and_world_size(make_job):
     assert trace.missing_ranks == [3]
 
 
-def test_cache_is_used_and_invalidated(make_job, tmp_path):
+def test_cache_is_used_and_invalidated(make_job, tmp_path, monkeypatch):
     out, _ = make_job(synth.Job(tp=2, pp=1, dp=1))
     opts = LoadOptions(cache_dir=tmp_path / "c")
     first = load(out, opts)
-    assert any((tmp_path / "c").rglob("entries.parquet"))
-    second = load(out, opts)
-    assert first.entries.equals(second.entries)
+    assert len(list((tmp_path / "c").rglob("entries/*.arrow"))) == len(first.entries.columns) - 1   # (+ group)
+    with monkeypatch.context() as patched:   # the second load must not parse a single dump
+        patched.setattr(importlib.import_module("flightrec.load"), "_parse_all", lambda *a, **k: pytest.fail("parsed despite the cache"))
+        second = load(out, opts)
+    for name in ("entries", "dumps", "stacks", "groups", "members", "pg_status"):
+        a, b = getattr(first, name), getattr(second, name)
+        assert a.schema == b.schema and a.equals(b), name
+    assert all(n == 1 for n in second.entries.n_chunks("all"))
     # a changed dump must not be served from the cache
     path = out / "nccl_trace_rank_1"
     dump = loads_plain_pickle(path.read_bytes())
