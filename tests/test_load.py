@@ -262,3 +262,18 @@ def test_shapes_sharing_a_hash_still_get_their_own_text(monkeypatch):
     text, numel = _shape_columns(pa.chunked_array([pa.array(values, type=pa.list_(pa.list_(pa.int64())))]))
     assert text.to_pylist() == [None if v is None else str(v) for v in values]
     assert numel.to_pylist() == [None if v is None else sum(math.prod(t) for t in v) for v in values]
+
+
+@pytest.mark.parametrize("at", [1, 999, 1000, 65_536, 65_537, 131_073, 299_999])
+def test_the_rank_and_record_order_check_finds_one_step_back_anywhere(at):
+    """The check runs in the streaming engine, a morsel at a time: a step back at a morsel's edge counts too."""
+    check = importlib.import_module("flightrec.load")._sorted_by_rank_and_record
+    rank, record = np.repeat(np.arange(300), 1000), np.tile(np.arange(1000), 300)
+    assert check(pl.DataFrame({"rank": rank, "record_id": record}))
+    if record[at] == 0:
+        rank = rank.copy()
+        rank[at] -= 2   # a rank that goes back
+    else:
+        record = record.copy()
+        record[at] = record[at - 1] - 1   # a record that goes back within its rank
+    assert not check(pl.DataFrame({"rank": rank, "record_id": record}))
