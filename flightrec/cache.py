@@ -12,6 +12,9 @@ Two layouts of one set of tables:
   entries where decoding Parquet took 3-6 s, most of it first touches of fresh memory (~1-3 ms a MB on VMs).
   The price is disk: about the size of the tables in memory (~155 bytes an entry: 4.9 GB for 31M entries).
 - "parquet" (shards): compressed (~6 bytes an entry), for tables that travel between machines.
+
+So that caches of past incidents don't fill the disk, writing one removes the least recently used others
+until all fit `$FLIGHTREC_CACHE_MAX_GB` (default 20). Only folders that are flightrec caches are touched.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +41,8 @@ if TYPE_CHECKING:
 
 TABLES = ("dumps", "entries", "pg_config", "rank_lists", "pg_status", "stacks")
 MANIFEST = "flightrec-tables.json"
+DEFAULT_MAX_GB = 20.0
+_OURS = re.compile(r"^[0-9a-f]{24}(\.tmp\d+)?$")   # a cache folder's name, or a write's that died midway
 
 
 def cache_root(options: "LoadOptions") -> Path:
@@ -122,6 +129,7 @@ def read(files: list["DumpFile"], root: str, options: "LoadOptions") -> dict[str
     if meta is None or meta.get("fingerprint") != _fingerprint(files):
         return None
     try:
+        _mark_used(folder)
         return read_tables(folder, layout=LOCAL_LAYOUT)
     except Exception as exc:  # a damaged cache is rebuilt, never trusted
         warnings.warn(f"cache at {folder} is unreadable ({exc}); rebuilding it", stacklevel=3)
@@ -129,7 +137,8 @@ def read(files: list["DumpFile"], root: str, options: "LoadOptions") -> dict[str
 
 
 def write(raw: dict[str, pl.DataFrame], files: list["DumpFile"], root: str, options: "LoadOptions") -> Path | None:
-    """Write the cache; returns its folder, or None (with a warning) when it could not be written."""
+    """Write the cache, then make room (`prune`); returns its folder, or None (with a warning) when it could not
+    be written."""
     folder = _folder(root, options)
     try:
         write_tables(raw, folder, {"fingerprint": _fingerprint(files), "root": os.path.realpath(root),
@@ -137,4 +146,52 @@ def write(raw: dict[str, pl.DataFrame], files: list["DumpFile"], root: str, opti
     except OSError as exc:
         warnings.warn(f"could not write the cache at {folder} ({exc}); pass --no-cache to skip it", stacklevel=3)
         return None
+    prune(folder.parent, keep=folder, budget_bytes=max_bytes())
     return folder
+
+
+def max_bytes() -> int:
+    """The cache's size budget: `$FLIGHTREC_CACHE_MAX_GB` (GiB), else `DEFAULT_MAX_GB`."""
+    text = os.environ.get("FLIGHTREC_CACHE_MAX_GB", "")
+    try:
+        return int(float(text or DEFAULT_MAX_GB) * 2**30)
+    except ValueError:
+        warnings.warn(f"FLIGHTREC_CACHE_MAX_GB={text!r} is not a number of GiB; using {DEFAULT_MAX_GB:g}", stacklevel=4)
+        return int(DEFAULT_MAX_GB * 2**30)
+
+
+def prune(cache_dir: Path, keep: Path, budget_bytes: int) -> list[Path]:
+    """Remove the least recently used caches in `cache_dir` (never `keep`) until the rest fit `budget_bytes`.
+    Only flightrec's folders: a hash-named folder holding a manifest, or one a write left behind (an hour
+    old); anything else there is never read or removed. Returns what was removed."""
+    sizes, used = {}, {}
+    for folder in cache_dir.iterdir() if cache_dir.is_dir() else ():
+        if folder == keep or not folder.is_dir() or not _OURS.match(folder.name):
+            continue
+        if (folder / MANIFEST).is_file():
+            used[folder] = (folder / MANIFEST).stat().st_mtime
+        elif ".tmp" in folder.name and folder.stat().st_mtime < time.time() - 3600:
+            used[folder] = 0.0   # (a write that died: first to go)
+        else:
+            continue
+        sizes[folder] = _size(folder)
+    total = _size(keep) + sum(sizes.values())
+    removed = []
+    for folder in sorted(used, key=used.get):
+        if total <= budget_bytes:
+            break
+        shutil.rmtree(folder, ignore_errors=True)   # (a process still reading it keeps its mapped pages)
+        total -= sizes[folder]
+        removed.append(folder)
+    return removed
+
+
+def _mark_used(folder: Path) -> None:
+    try:
+        os.utime(folder / MANIFEST)
+    except OSError:
+        pass   # (a read-only cache is still read; it just ages)
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0

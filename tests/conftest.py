@@ -18,7 +18,7 @@ def recorded_cases() -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
-    """Every test gets its own cache folder so runs never see each other's Parquet."""
+    """Every test gets its own cache folder so runs never see each other's tables."""
     monkeypatch.setenv("FLIGHTREC_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
