@@ -3,7 +3,7 @@
     python -m bench [--sizes 1024x2000,4096x200,8192x200,16384x200,16384x2000,131072x200] [--repeat 3]
                     [--vs-torchfrtrace [--torchfrtrace PATH]]
 
-Columns: cold = `flightrec analyze` from pickles (no cache), warm = the same from the Parquet cache,
+Columns: cold = `flightrec analyze` from pickles (no cache), warm = the same from the cache,
 floor = a plain single-process `pickle.load` of every file (the floor for any pickle reader), peak RSS of the
 whole process tree, and the cost per rank. Each cell is the median of --repeat fresh processes.
 """

@@ -1,8 +1,8 @@
 """Load every dump under a directory into typed Polars frames (the `Trace`).
 
 Files are parsed in a process pool, each turned into Arrow columns right away; the main process only
-concatenates columns. A Parquet cache keyed on every file's (path, size, mtime) makes the second run read
-columns instead of pickles. This module interprets nothing: it reads, renames and types.
+concatenates columns. A cache keyed on every file's (path, size, mtime) makes the second run map columns
+instead of reading pickles (`flightrec.cache`). This module interprets nothing: it reads, renames and types.
 """
 
 from __future__ import annotations
