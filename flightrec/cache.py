@@ -14,16 +14,20 @@ Two layouts of one set of tables:
 - "parquet" (shards): compressed (~6 bytes an entry), for tables that travel between machines.
 
 So that caches of past incidents don't fill the disk, writing one removes the least recently used others
-until all fit `$FLIGHTREC_CACHE_MAX_GB` (default 20). Only folders that are flightrec caches are touched.
+until all fit `$FLIGHTREC_CACHE_MAX_GB` (default 20). Only folders that are flightrec caches are touched, and
+folders are replaced or removed by renaming them aside first: a reader finds a whole cache or none. Keep the
+cache on a local disk: a memory-mapped file that another host removes from NFS is gone from under the map.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -42,7 +46,7 @@ if TYPE_CHECKING:
 TABLES = ("dumps", "entries", "pg_config", "rank_lists", "pg_status", "stacks")
 MANIFEST = "flightrec-tables.json"
 DEFAULT_MAX_GB = 20.0
-_OURS = re.compile(r"^[0-9a-f]{24}(\.tmp\d+)?$")   # a cache folder's name, or a write's that died midway
+_OURS = re.compile(r"^[0-9a-f]{24}(\.(tmp|old)\d+)?$")   # a cache folder's name, or a write's or removal's
 
 
 def cache_root(options: "LoadOptions") -> Path:
@@ -68,7 +72,8 @@ LOCAL_LAYOUT = "arrow"   # the local cache's; shards are "parquet"
 
 
 def write_tables(raw: dict[str, pl.DataFrame], folder: Path, manifest: dict, layout: str = "parquet") -> None:
-    """Write the raw tables and a manifest into `folder`, atomically (readers see old or new, never half)."""
+    """Write the raw tables and a manifest (naming every table's columns) into `folder`, atomically: readers
+    see the old tables, the new ones, or none (then they rebuild), never half of them."""
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -81,11 +86,20 @@ def write_tables(raw: dict[str, pl.DataFrame], folder: Path, manifest: dict, lay
                 # frame of many chunks would have to be copied whole into one, doubling peak memory).
                 raw[name].write_parquet(tmp / f"{name}.parquet", compression="lz4", statistics=False,
                                         row_group_size=max(1, raw[name].height))
-        (tmp / MANIFEST).write_text(json.dumps({**manifest, "format": CACHE_FORMAT_VERSION, "layout": layout}))
-        shutil.rmtree(folder, ignore_errors=True)
+        (tmp / MANIFEST).write_text(json.dumps({**manifest, "format": CACHE_FORMAT_VERSION, "layout": layout,
+                                                "tables": {name: raw[name].columns for name in TABLES}}))
+        if folder.exists():
+            remove(folder)
         tmp.rename(folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove(folder: Path) -> None:
+    """Delete a table folder: renamed aside first (atomic), so no reader ever finds part of it."""
+    aside = folder.with_name(f"{folder.name}.old{os.getpid()}")
+    os.rename(folder, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def write_columns(frame: pl.DataFrame, folder: Path) -> None:
@@ -98,20 +112,28 @@ def write_columns(frame: pl.DataFrame, folder: Path) -> None:
             writer.write_table(table)
 
 
-def read_columns(folder: Path) -> pl.DataFrame:
-    """A `write_columns` folder as one frame whose columns are memory-mapped from the files, not copied (bar
-    categoricals, whose ids Polars remaps: in one call, column by column in parallel). The files may be
-    replaced or removed meanwhile: the mapping keeps the data."""
+def read_columns(folder: Path, columns: list[str]) -> pl.DataFrame:
+    """A `write_columns` folder of `columns` as one frame whose columns are memory-mapped from the files, not
+    copied (bar categoricals, whose ids Polars remaps: in one call, column by column in parallel). On a local
+    file system the files may then be removed: the mapping keeps the data. (Not on NFS, where a file another
+    host removes is gone from under the mapping: keep `$FLIGHTREC_CACHE_DIR` on a local disk.) Raises
+    ValueError when the files are not exactly `columns` (a folder cut short: rebuild it)."""
     tables = [ipc.open_file(pa.memory_map(str(path), "r")).read_all() for path in sorted(folder.glob("*.arrow"))]
+    found = [t.schema.field(0).name for t in tables]
+    if found != list(columns):
+        raise ValueError(f"{folder} holds columns {found}, not {list(columns)}")
     if not tables:
         return pl.DataFrame()
     table = pa.Table.from_arrays([t.column(0) for t in tables], schema=pa.schema([t.schema.field(0) for t in tables]))
     return pl.from_arrow(table, rechunk=False)
 
 
-def read_tables(folder: Path, names: tuple[str, ...] = TABLES, layout: str = "parquet") -> dict[str, pl.DataFrame]:
+def read_tables(folder: Path, names: tuple[str, ...] = TABLES, layout: str = "parquet",
+                columns: dict[str, list[str]] | None = None) -> dict[str, pl.DataFrame]:
+    """The tables of a `write_tables` folder; for the "arrow" layout `columns` (the manifest's "tables") says
+    what each must hold."""
     if layout == "arrow":
-        return {name: read_columns(folder / name) for name in names}
+        return {name: read_columns(folder / name, (columns or {}).get(name, [])) for name in names}
     return {name: pl.read_parquet(folder / f"{name}.parquet") for name in names}
 
 
@@ -126,11 +148,11 @@ def read_manifest(folder: Path) -> dict | None:
 def read(files: list["DumpFile"], root: str, options: "LoadOptions") -> dict[str, pl.DataFrame] | None:
     folder = _folder(root, options)
     meta = read_manifest(folder)
-    if meta is None or meta.get("fingerprint") != _fingerprint(files):
+    if meta is None or meta.get("fingerprint") != _fingerprint(files) or not isinstance(meta.get("tables"), dict):
         return None
     try:
         _mark_used(folder)
-        return read_tables(folder, layout=LOCAL_LAYOUT)
+        return read_tables(folder, layout=LOCAL_LAYOUT, columns=meta["tables"])
     except Exception as exc:  # a damaged cache is rebuilt, never trusted
         warnings.warn(f"cache at {folder} is unreadable ({exc}); rebuilding it", stacklevel=3)
         return None
@@ -146,44 +168,68 @@ def write(raw: dict[str, pl.DataFrame], files: list["DumpFile"], root: str, opti
     except OSError as exc:
         warnings.warn(f"could not write the cache at {folder} ({exc}); pass --no-cache to skip it", stacklevel=3)
         return None
-    prune(folder.parent, keep=folder, budget_bytes=max_bytes())
+    try:
+        prune(folder.parent, keep=folder, budget_bytes=max_bytes())
+    except OSError as exc:   # (the cache is written: a failure to make room costs disk, not the analysis)
+        warnings.warn(f"could not remove old caches from {folder.parent} ({exc})", stacklevel=3)
     return folder
 
 
 def max_bytes() -> int:
-    """The cache's size budget: `$FLIGHTREC_CACHE_MAX_GB` (GiB), else `DEFAULT_MAX_GB`."""
+    """The cache's size budget: `$FLIGHTREC_CACHE_MAX_GB` (GiB; `inf` for none), else `DEFAULT_MAX_GB`."""
     text = os.environ.get("FLIGHTREC_CACHE_MAX_GB", "")
     try:
-        return int(float(text or DEFAULT_MAX_GB) * 2**30)
+        gib = float(text or DEFAULT_MAX_GB)
     except ValueError:
-        warnings.warn(f"FLIGHTREC_CACHE_MAX_GB={text!r} is not a number of GiB; using {DEFAULT_MAX_GB:g}", stacklevel=4)
-        return int(DEFAULT_MAX_GB * 2**30)
+        gib = math.nan
+    if math.isinf(gib) and gib > 0:
+        return sys.maxsize
+    if not gib >= 0:   # (not a number, or negative)
+        warnings.warn(f"FLIGHTREC_CACHE_MAX_GB={text!r} is not a size in GiB; using {DEFAULT_MAX_GB:g}", stacklevel=4)
+        gib = DEFAULT_MAX_GB
+    return int(gib * 2**30)
 
 
 def prune(cache_dir: Path, keep: Path, budget_bytes: int) -> list[Path]:
     """Remove the least recently used caches in `cache_dir` (never `keep`) until the rest fit `budget_bytes`.
-    Only flightrec's folders: a hash-named folder holding a manifest, or one a write left behind (an hour
-    old); anything else there is never read or removed. Returns what was removed."""
+    Only flightrec's own: a hash-named folder (not a link) whose manifest is a local cache's, or one a write or
+    a removal left behind (an hour old); anything else there is never read or removed. A folder another
+    process changes meanwhile is skipped. Returns what was removed."""
     sizes, used = {}, {}
     for folder in cache_dir.iterdir() if cache_dir.is_dir() else ():
-        if folder == keep or not folder.is_dir() or not _OURS.match(folder.name):
-            continue
-        if (folder / MANIFEST).is_file():
-            used[folder] = (folder / MANIFEST).stat().st_mtime
-        elif ".tmp" in folder.name and folder.stat().st_mtime < time.time() - 3600:
-            used[folder] = 0.0   # (a write that died: first to go)
-        else:
-            continue
-        sizes[folder] = _size(folder)
+        try:
+            if folder == keep or not _OURS.match(folder.name) or folder.is_symlink() or not folder.is_dir():
+                continue
+            if "." in folder.name:   # (a write or a removal that died)
+                if folder.stat().st_mtime < time.time() - 3600:
+                    used[folder] = 0.0
+            elif _is_local_cache(folder / MANIFEST):
+                used[folder] = (folder / MANIFEST).stat().st_mtime
+            if folder in used:
+                sizes[folder] = _size(folder)
+        except OSError:
+            used.pop(folder, None)
     total = _size(keep) + sum(sizes.values())
     removed = []
     for folder in sorted(used, key=used.get):
         if total <= budget_bytes:
             break
-        shutil.rmtree(folder, ignore_errors=True)   # (a process still reading it keeps its mapped pages)
+        try:
+            remove(folder)   # (a process still reading it keeps the pages it mapped)
+        except OSError:
+            continue   # (gone already, or not ours to remove after all)
         total -= sizes[folder]
         removed.append(folder)
     return removed
+
+
+def _is_local_cache(manifest: Path) -> bool:
+    """A local cache's manifest, not a shard's (a cache folder pointed at shard output keeps its shards)."""
+    try:
+        meta = json.loads(manifest.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and "fingerprint" in meta and meta.get("kind") != "shard"
 
 
 def _mark_used(folder: Path) -> None:
@@ -194,4 +240,16 @@ def _mark_used(folder: Path) -> None:
 
 
 def _size(folder: Path) -> int:
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
+    """Bytes in `folder`, links counted as links (never followed out of it)."""
+    total, pending = 0, [folder]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as listing:
+                for entry in listing:
+                    if entry.is_dir(follow_symlinks=False):
+                        pending.append(entry.path)
+                    else:
+                        total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue   # (removed meanwhile)
+    return total

@@ -622,23 +622,29 @@ def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.Data
         with tempfile.TemporaryDirectory(prefix="flightrec-spool-") as spool:
             raw = _assemble_raw(files, _parse_all(files, options, spool))
             folder = _cache.write(raw, files, root, options) if options.use_cache else None
-            _reload_in_one_chunk(raw, folder or Path(spool))
+            _reload_in_one_chunk(raw, [p for p in (folder, Path(spool)) if p is not None])
     return raw
 
 
 SPILL_BYTES = 1 << 30   # entries above this are made one chunk through disk, not by a second copy in memory
 
 
-def _reload_in_one_chunk(raw: dict[str, pl.DataFrame], folder: Path) -> None:
+def _reload_in_one_chunk(raw: dict[str, pl.DataFrame], folders: list[Path]) -> None:
     """The workers' entries come in one chunk per batch, partly memory-mapped from their spool files; the
     analysis needs one chunk per column. Copying them into one in memory would hold both copies at once (10 GB
     at 16K ranks x 2,000 entries, and fresh pages are slow on VMs); instead they are memory-mapped back from the
-    cache just written (one chunk a column), or from spool files written the same way, after the first copy is
-    released."""
-    if all(n <= 1 for n in raw["entries"].n_chunks("all")) or raw["entries"].estimated_size() < SPILL_BYTES:
+    first of `folders` that works: the cache just written (one chunk a column), else spool files written the
+    same way. Then the first copy is released."""
+    entries = raw["entries"]
+    if all(n <= 1 for n in entries.n_chunks("all")) or entries.estimated_size() < SPILL_BYTES:
         return   # small: `assemble` copies it into one chunk in memory, which is faster than a round trip
-    path = folder / "entries"
-    if not path.exists():
-        _cache.write_columns(raw["entries"], path)
-    raw["entries"] = None
-    raw["entries"] = _cache.read_columns(path)
+    for folder in folders:
+        path = folder / "entries"
+        try:
+            if not path.exists():
+                _cache.write_columns(entries, path)
+            raw["entries"] = _cache.read_columns(path, entries.columns)
+            return
+        except (OSError, ValueError) as exc:   # (e.g. another process removed the cache meanwhile)
+            warnings.warn(f"could not read the entries back from {path} ({exc}); trying the next place", stacklevel=3)
+    # (nowhere: the batches stay as they are, and `assemble` copies them into one chunk in memory)
