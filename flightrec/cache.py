@@ -114,18 +114,20 @@ def write_columns(frame: pl.DataFrame, folder: Path) -> None:
 
 def read_columns(folder: Path, columns: list[str]) -> pl.DataFrame:
     """A `write_columns` folder of `columns` as one frame whose columns are memory-mapped from the files, not
-    copied (bar categoricals, whose ids Polars remaps: in one call, column by column in parallel). On a local
-    file system the files may then be removed: the mapping keeps the data. (Not on NFS, where a file another
-    host removes is gone from under the mapping: keep `$FLIGHTREC_CACHE_DIR` on a local disk.) Raises
-    ValueError when the files are not exactly `columns` (a folder cut short: rebuild it)."""
+    copied (bar categoricals, whose ids Polars remaps: in one call, column by column in parallel)."""
+    return pl.from_arrow(map_columns(folder, columns), rechunk=False)
+
+
+def map_columns(folder: Path, columns: list[str]) -> pa.Table:
+    """The Arrow table of a `write_columns` folder, memory-mapped. On a local file system the files may then be
+    removed: the mapping keeps the data. (Not on NFS, where a file another host removes is gone from under the
+    mapping: keep `$FLIGHTREC_CACHE_DIR` on a local disk.) Raises ValueError when the files are not exactly
+    `columns` (a folder cut short: rebuild it)."""
     tables = [ipc.open_file(pa.memory_map(str(path), "r")).read_all() for path in sorted(folder.glob("*.arrow"))]
     found = [t.schema.field(0).name for t in tables]
     if found != list(columns):
         raise ValueError(f"{folder} holds columns {found}, not {list(columns)}")
-    if not tables:
-        return pl.DataFrame()
-    table = pa.Table.from_arrays([t.column(0) for t in tables], schema=pa.schema([t.schema.field(0) for t in tables]))
-    return pl.from_arrow(table, rechunk=False)
+    return pa.Table.from_arrays([t.column(0) for t in tables], schema=pa.schema([t.schema.field(0) for t in tables]))
 
 
 def read_tables(folder: Path, names: tuple[str, ...] = TABLES, layout: str = "parquet",

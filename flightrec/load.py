@@ -643,8 +643,11 @@ def _reload_in_one_chunk(raw: dict[str, pl.DataFrame], folders: list[Path]) -> N
         try:
             if not path.exists():
                 _cache.write_columns(entries, path)
-            raw["entries"] = _cache.read_columns(path, entries.columns)
-            return
+            mapped = _cache.map_columns(path, entries.columns)
         except (OSError, ValueError) as exc:   # (e.g. another process removed the cache meanwhile)
             warnings.warn(f"could not read the entries back from {path} ({exc}); trying the next place", stacklevel=3)
+            continue
+        raw["entries"] = entries = None   # released before Polars copies the categoricals out of the mapping
+        raw["entries"] = pl.from_arrow(mapped, rechunk=False)
+        return
     # (nowhere: the batches stay as they are, and `assemble` copies them into one chunk in memory)
