@@ -8,8 +8,9 @@ is rebuilt. A cache that can't be written (read-only home, full disk) is skipped
 
 Two layouts of one set of tables:
 - "arrow" (the local cache): one uncompressed Arrow IPC file per column, memory-mapped when read. Reading is
-  mapping pages the OS already holds in its page cache: at 16K ranks x 2,000 entries, 0.1 s for the 4.9 GB of
-  entries where decoding Parquet took 3-6 s, most of it first touches of fresh memory (~1-3 ms a MB on VMs).
+  mapping pages the OS already holds in its page cache: at 16K ranks x 2,000 entries, ~1 s for the 4.9 GB of
+  entries (mostly Polars copying the categorical columns) where decoding Parquet took 3-6 s, most of it first
+  touches of fresh memory (~1-3 ms a MB on VMs).
   The price is disk: about the size of the tables in memory (~155 bytes an entry: 4.9 GB for 31M entries).
 - "parquet" (shards): compressed (~6 bytes an entry), for tables that travel between machines.
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 
 TABLES = ("dumps", "entries", "pg_config", "rank_lists", "pg_status", "stacks")
 MANIFEST = "flightrec-tables.json"
+LOCAL_LAYOUT = "arrow"   # the local cache's; shards are "parquet"
 DEFAULT_MAX_GB = 20.0
 _OURS = re.compile(r"^[0-9a-f]{24}(\.(tmp|old)\d+)?$")   # a cache folder's name, or a write's or removal's
 
@@ -66,9 +68,6 @@ def _fingerprint(files: list["DumpFile"]) -> str:
     for f in files:
         h.update(f"{f.path}\0{f.rank}\0{f.host}\0{f.size}\0{f.mtime_ns}\n".encode())
     return h.hexdigest()
-
-
-LOCAL_LAYOUT = "arrow"   # the local cache's; shards are "parquet"
 
 
 def write_tables(raw: dict[str, pl.DataFrame], folder: Path, manifest: dict, layout: str = "parquet") -> None:

@@ -65,13 +65,13 @@ def _walk_files(root: Path) -> list[tuple[Path, str, os.stat_result]]:
         folder = pending.pop()
         try:
             stat = os.stat(folder)
+            if (stat.st_dev, stat.st_ino) in seen_dirs:
+                continue
+            seen_dirs.add((stat.st_dev, stat.st_ino))
             with os.scandir(folder) as it:
                 listing = sorted(it, key=lambda entry: entry.name)
         except OSError:
             continue   # (unreadable folders are skipped, as os.walk does)
-        if (stat.st_dev, stat.st_ino) in seen_dirs:
-            continue
-        seen_dirs.add((stat.st_dev, stat.st_ino))
         subfolders, base = [], Path(folder)
         for entry in listing:
             if entry.name.startswith("."):
