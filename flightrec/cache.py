@@ -191,26 +191,12 @@ def max_bytes() -> int:
     return int(gib * 2**30)
 
 
-def prune(cache_dir: Path, keep: Path, budget_bytes: int) -> list[Path]:
-    """Remove the least recently used caches in `cache_dir` (never `keep`) until the rest fit `budget_bytes`.
-    Only flightrec's own: a hash-named folder (not a link) whose manifest is a local cache's, or one a write or
-    a removal left behind (an hour old); anything else there is never read or removed. A folder another
-    process changes meanwhile is skipped. Returns what was removed."""
-    sizes, used = {}, {}
-    for folder in cache_dir.iterdir() if cache_dir.is_dir() else ():
-        try:
-            if folder == keep or not _OURS.match(folder.name) or folder.is_symlink() or not folder.is_dir():
-                continue
-            if "." in folder.name:   # (a write or a removal that died)
-                if folder.stat().st_mtime < time.time() - 3600:
-                    used[folder] = 0.0
-            elif _is_local_cache(folder / MANIFEST):
-                used[folder] = (folder / MANIFEST).stat().st_mtime
-            if folder in used:
-                sizes[folder] = _size(folder)
-        except OSError:
-            used.pop(folder, None)
-    total = _size(keep) + sum(sizes.values())
+def prune(cache_dir: Path, keep: Path | None, budget_bytes: int) -> list[Path]:
+    """Remove the least recently used caches in `cache_dir` (never `keep`) until the rest fit `budget_bytes`
+    (see `_ours` for what is ever touched). Returns what was removed."""
+    used = _ours(cache_dir, keep)
+    sizes = {folder: _size(folder) for folder in used}
+    total = (_size(keep) if keep is not None else 0) + sum(sizes.values())
     removed = []
     for folder in sorted(used, key=used.get):
         if total <= budget_bytes:
@@ -222,6 +208,38 @@ def prune(cache_dir: Path, keep: Path, budget_bytes: int) -> list[Path]:
         total -= sizes[folder]
         removed.append(folder)
     return removed
+
+
+def caches(cache_dir: Path) -> pl.DataFrame:
+    """The local caches in `cache_dir`, most recently used first: folder, root (the dump directory), files,
+    bytes, last_used (UTC)."""
+    rows = []
+    for folder, used in sorted(_ours(cache_dir, None).items(), key=lambda item: -item[1]):
+        meta = read_manifest(folder) or {}
+        rows.append({"folder": folder.name, "root": meta.get("root"), "files": meta.get("files"),
+                     "bytes": _size(folder), "last_used": used})
+    schema = {"folder": pl.String, "root": pl.String, "files": pl.Int64, "bytes": pl.Int64, "last_used": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row").with_columns(
+        pl.from_epoch(pl.col("last_used"), time_unit="s").alias("last_used"))
+
+
+def _ours(cache_dir: Path, keep: Path | None) -> dict[Path, float]:
+    """flightrec's own folders in `cache_dir` (bar `keep`), with when each was last used: a hash-named folder
+    (not a link) whose manifest is a local cache's, or one a write or a removal left behind (an hour old: 0).
+    Anything else there is never read or removed. A folder another process changes meanwhile is skipped."""
+    used: dict[Path, float] = {}
+    for folder in cache_dir.iterdir() if cache_dir.is_dir() else ():
+        try:
+            if folder == keep or not _OURS.match(folder.name) or folder.is_symlink() or not folder.is_dir():
+                continue
+            if "." in folder.name:   # (a write or a removal that died)
+                if folder.stat().st_mtime < time.time() - 3600:
+                    used[folder] = 0.0
+            elif _is_local_cache(folder / MANIFEST):
+                used[folder] = (folder / MANIFEST).stat().st_mtime
+        except OSError:
+            used.pop(folder, None)
+    return used
 
 
 def _is_local_cache(manifest: Path) -> bool:

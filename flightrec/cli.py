@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 
 import click
+import polars as pl
 
 from . import __version__
 from .api import AnalyzeOptions, analyze, run_match
@@ -239,6 +240,39 @@ def groups(dump_dir, prefix, world_size, no_cache, workers, quiet):
 
     trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
     click.echo(views.groups_table(trace, run_match(trace)))
+
+
+@main.command("cache")
+@click.option("--clear", is_flag=True, help="Remove every cache (a write in progress elsewhere is left alone).")
+@click.option("-q", "--quiet", is_flag=True, help="No warnings.")
+@_guard
+def cache_cmd(clear, quiet):
+    """List the caches of parsed dumps (where, how big, last used), or remove them all.
+
+    The cache lives in $FLIGHTREC_CACHE_DIR, else ~/.cache/flightrec; writing one removes the least recently used
+    others until all fit $FLIGHTREC_CACHE_MAX_GB (default 20).
+
+    \b
+    Examples:
+      flightrec cache
+      flightrec cache --clear
+    """
+    from . import cache
+    from .views import text_table
+
+    where = cache.cache_root(LoadOptions())
+    if clear:
+        removed = cache.prune(where, keep=None, budget_bytes=0)
+        click.echo(f"removed {len(removed)} cache(s) from {where}")
+        return
+    found = cache.caches(where)
+    if found.height:
+        click.echo(text_table(found.select(
+            "root", "files", (pl.col("bytes") / 2**30).round(2).alias("GiB"),
+            pl.col("last_used").dt.strftime("%Y-%m-%d %H:%M").alias("last used (UTC)")), max_width=80))
+    total, budget = (found["bytes"].sum() or 0) / 2**30, cache.max_bytes()
+    limit = "no limit" if budget == sys.maxsize else f"at most {budget / 2**30:g} GiB"
+    click.echo(f"{found.height} cache(s), {total:.2f} GiB in {where} ({limit}: FLIGHTREC_CACHE_MAX_GB)")
 
 
 @main.command()

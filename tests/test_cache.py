@@ -130,3 +130,23 @@ def test_entries_fall_back_to_the_spool_when_the_cache_vanishes(make_job, tmp_pa
         trace = load(out, LoadOptions(cache_dir=tmp_path / "c", workers=2))
     assert set(trace.entries.n_chunks("all")) == {1}
     assert trace.entries.equals(load(out, LoadOptions(use_cache=False, workers=1)).entries)
+
+
+def test_the_cache_command_lists_caches_and_clears_only_them(make_job, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from flightrec.cli import main
+
+    where = tmp_path / "c"
+    monkeypatch.setenv("FLIGHTREC_CACHE_DIR", str(where))
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=2))
+    load(out)
+    (where / "notes").mkdir()   # someone else's folder beside the caches
+    runner = CliRunner()
+    listing = runner.invoke(main, ["cache"])
+    assert listing.exit_code == 0, listing.output
+    assert str(out.resolve()) in listing.output and "1 cache(s)" in listing.output
+    cleared = runner.invoke(main, ["cache", "--clear"])
+    assert cleared.exit_code == 0 and "removed 1 cache(s)" in cleared.output
+    assert [p.name for p in where.iterdir()] == ["notes"]
+    assert "0 cache(s)" in runner.invoke(main, ["cache"]).output
