@@ -2,15 +2,18 @@
 
 import warnings
 
+import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from flightrec import analyze, load, synth
 from flightrec.api import run_match
 from flightrec.cli import main
 from flightrec.schema import Op
-from flightrec.timing import TimingOptions, _window
+from flightrec.timing import TimingOptions, _threshold, _window
 from flightrec.topology import Topology
 
 from .conftest import FIXTURES, recorded_cases
@@ -446,3 +449,34 @@ def test_clock_offsets_ignore_sends_and_receives():
     # (read as collectives, the stages get offsets: the test can fail)
     as_collectives = clock_offsets(units.with_columns(pl.lit("all_reduce").alias("op")), 3).to_list()
     assert max(as_collectives) - min(as_collectives) > 100
+
+
+@pytest.mark.parametrize("placement, host_sorted", [
+    ({r: "ab"[r // 4] for r in range(8)}, True),           # hosts hold runs of ranks
+    ({r: "ab"[r % 2] for r in range(8)}, False),           # interleaved
+    ({0: "a", 1: "a", 2: "b", 3: "b", 5: "c"}, False),     # some ranks on no known host
+])
+def test_window_flags_rank_and_host_order_only_where_it_holds(make_job, placement, host_sorted):
+    """Per-rank and per-host statistics group slices when the window says its rank and host index columns are
+    sorted (flags, not checked again): flagged exactly when true."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=40, ranks_per_host=4))
+    trace = load(out)
+    units, _ = _window(run_match(trace), trace.groups, Topology(placement).frame(), TimingOptions(window=8))
+    ranks, hosts = units["rank"].to_numpy(), units["_h"].to_numpy()
+    assert units["rank"].flags["SORTED_ASC"] and (np.diff(ranks) >= 0).all()
+    assert units["_h"].flags["SORTED_ASC"] is host_sorted
+    if host_sorted:
+        assert (np.diff(hosts) >= 0).all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 60).map(float), min_size=1, max_size=12), st.sampled_from([1.0, 5.0, 20.0]),
+       st.sampled_from([0.5, 1.0, 5.0]))
+@example([0.0, 3.0, 15.0, 18.0], 20.0, 1.0)   # half the deviations reach the bound, and the spread is past it
+def test_threshold_shortcut_is_the_full_spread(late, min_late_ms, spread_factor):
+    """`_threshold` skips the second median when a count shows the floor decides: the answer is the formula's."""
+    opts = TimingOptions(min_late_ms=min_late_ms, spread_factor=spread_factor)
+    series = pl.Series(late)
+    med = series.median()
+    want = max(min_late_ms, med + spread_factor * 1.4826 * (series - med).abs().median())
+    assert _threshold(series, opts) == pytest.approx(want)
