@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -115,20 +116,39 @@ def read_dump(path: Path) -> tuple[dict, str]:
 def read_dump_bytes(path: Path) -> bytes:
     """The file's bytes (gunzipped), after the checks that it can be a dump at all."""
     source = str(path)
-    size = path.stat().st_size
-    if size == 0:
-        raise DumpFormatError(f"{source}: empty file (the rank may have died while dumping)")
-    with open(path, "rb") as fh:
-        head = fh.read(2)
+    # (one descriptor, its size from fstat and one read of that size: a buffered open, stat, peek and seek
+    # cost as much again as copying a 100 KB dump out of the page cache)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            raise DumpFormatError(f"{source}: empty file (the rank may have died while dumping)")
+        head = os.pread(fd, 2, 0) if hasattr(os, "pread") else b""
+        if not head:   # (no pread: read from the start, then back)
+            head = os.read(fd, 2)
+            os.lseek(fd, 0, os.SEEK_SET)
         if head not in (_GZIP_MAGIC,) and head[:1] not in (b"\x80", b"{", b"[", b" ", b"\n"):
             raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file (starts with {head!r})")
-        if size > (MAX_DUMP_BYTES if head[:1] == b"\x80" else MAX_TEXT_BYTES):
+        limit = MAX_DUMP_BYTES if head[:1] == b"\x80" else MAX_TEXT_BYTES
+        if size > limit:
             raise DumpFormatError(f"{source}: {size:,} bytes is too large for a flight-recorder dump; skipped")
-        fh.seek(0)
-        data = fh.read()
+        data = _read_to_end(fd, size, limit)
+    finally:
+        os.close(fd)
     if data[:2] == _GZIP_MAGIC:
         data = _gunzip_bounded(data, source)
     return data
+
+
+def _read_to_end(fd: int, size: int, limit: int) -> bytes:
+    """All of `fd` from its offset: `size` bytes in one read, and whatever a file still being written grew
+    by since (up to `limit`)."""
+    parts = [os.read(fd, size + 1)]
+    total = len(parts[0])
+    while parts[-1] and total <= limit:
+        parts.append(os.read(fd, 1 << 20))
+        total += len(parts[-1])
+    return parts[0] if len(parts) == 2 else b"".join(parts)
 
 
 def _gunzip_bounded(data: bytes, source: str) -> bytes:

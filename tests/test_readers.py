@@ -55,3 +55,20 @@ def test_bad_files_raise_format_errors(tmp_path, data, match):
     path.write_bytes(data)
     with pytest.raises(DumpFormatError, match=match):
         read_dump(path)
+
+
+def test_a_dump_that_grew_after_its_size_was_read_is_read_to_the_end(tmp_path):
+    """The reader reads the size fstat gave in one go, then whatever the file grew by since (a rank still
+    writing): nothing is cut at the first size."""
+    import os
+
+    from flightrec.readers import _read_to_end
+
+    path = tmp_path / "grown"
+    data = bytes(range(256)) * 5000   # 1.28 MB: past the size given, and past one follow-up read
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert _read_to_end(fd, 1000, len(data) * 2) == data
+    finally:
+        os.close(fd)
