@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -44,6 +45,9 @@ def _guard(fn):
                 sys.exit(EXIT_USAGE)
             except (click.exceptions.Exit, click.ClickException, SystemExit):
                 raise
+            except OSError as exc:   # the machine's, not ours: a folder not writable, a full disk
+                click.echo(f"error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", err=True)
+                sys.exit(EXIT_USAGE)
             except KeyboardInterrupt:
                 click.echo("interrupted", err=True)
                 sys.exit(130)
@@ -112,6 +116,19 @@ def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
                        progress=progress, reader=reader)
 
 
+def _check_writable(output: Path | None) -> None:
+    """Before the analysis, not after it: a big job's report must not be lost to a typo in -o."""
+    if output is None:
+        return
+    folder = output.parent
+    if str(output) in ("", ".") or output.is_dir():
+        raise FlightrecError(f"-o {output!s}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise FlightrecError(f"-o {output}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise FlightrecError(f"-o {output}: not writable")
+
+
 def _emit(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text, nl=not text.endswith("\n"))
@@ -153,6 +170,7 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
       flightrec analyze /shared/fr_dumps/job1234 --ranks-per-host 8
       flightrec analyze dumps/ --format json | jq -r '.culprits.hosts[]'
     """
+    _check_writable(output)
     with _progress(quiet) as progress:
         report = analyze(dump_dir, AnalyzeOptions(
             load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,

@@ -8,6 +8,7 @@ their tables. See docs/scale.md.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -25,12 +26,33 @@ def find_shards(root: str | os.PathLike) -> list[Path]:
 
 
 def write_shard(raw: dict[str, pl.DataFrame], out: str | os.PathLike, *, source: str, host: str | None) -> Path:
+    """Write `raw` as a shard into `out`, replacing it whole: `out` must be new, empty, or a shard."""
     out = Path(out)
+    _check_replaceable(out)
     if host is not None:
         raw = dict(raw, dumps=raw["dumps"].with_columns(pl.col("host").fill_null(host)))
     cache.write_tables(raw, out, {"kind": "shard", "source": source, "host": host,
                                   "ranks": raw["dumps"]["rank"].to_list()})
     return out
+
+
+def _check_replaceable(out: Path) -> None:
+    """Writing a shard replaces its folder whole: refuse a folder holding anything flightrec didn't write there
+    (the dumps themselves, given as OUT by mistake)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FlightrecError(f"{out} is a file: give a new or empty folder to convert into")
+    if (out / cache.MANIFEST).is_file():
+        try:
+            kind = json.loads((out / cache.MANIFEST).read_text()).get("kind")
+        except (OSError, ValueError, AttributeError):
+            kind = None
+        if kind == "shard":
+            return   # (converting again: the old shard is replaced)
+    if any(out.iterdir()):
+        raise FlightrecError(f"{out} is not empty and holds no flightrec shard: converting would replace what is "
+                             "there. Give a new or empty folder")
 
 
 def read_shards(shards: list[Path]) -> dict[str, pl.DataFrame]:

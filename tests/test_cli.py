@@ -207,3 +207,46 @@ def test_the_compiled_reader_without_numba_is_a_clear_usage_error(runner, hung, 
     result = runner.invoke(main, ["analyze", str(hung), "--reader", "tape", "--no-cache"])
     assert result.exit_code == 2
     assert "pip install 'flightrec[fast]'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_convert_never_replaces_a_folder_it_did_not_write(runner, hung, tmp_path):
+    """Converting replaces OUT whole: a folder holding anything else (the dumps themselves, given as OUT by
+    mistake) is refused and left as it was; a new folder, or a shard written before, is fine."""
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("keep")
+    dumps_before = sorted(p.name for p in hung.rglob("*"))
+    for out in (keep, hung, hung / "node00000"):
+        result = runner.invoke(main, ["convert", str(hung), str(out), "-q"])
+        assert result.exit_code == 2 and "not empty" in result.stderr, result.output
+    assert (keep / "notes.txt").read_text() == "keep"
+    assert sorted(p.name for p in hung.rglob("*")) == dumps_before
+    out = tmp_path / "shard"
+    for _ in range(2):   # (the second time over its own earlier shard)
+        assert runner.invoke(main, ["convert", str(hung), str(out), "--shard-only", "-q"]).exit_code == 0
+
+
+def test_an_unwritable_report_path_fails_before_the_analysis(runner, hung, tmp_path, monkeypatch):
+    """A typo in -o must not cost the wait for a big job's analysis: exit 2 before loading anything; an error
+    writing files elsewhere (a folder not writable) is exit 2 too, not a flightrec bug."""
+    import flightrec.cli as cli
+
+    def never(*a, **k):
+        raise AssertionError("analysed before checking -o")
+    monkeypatch.setattr(cli, "analyze", never)
+    for output, message in ((tmp_path / "no" / "such" / "r.json", "does not exist"), (tmp_path, "is a directory")):
+        result = runner.invoke(main, ["analyze", str(hung), "-o", str(output)])
+        assert result.exit_code == 2 and message in result.stderr, result.output
+    monkeypatch.undo()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = runner.invoke(main, ["convert", str(hung), str(blocker / "out"), "-q"])
+    assert result.exit_code == 2 and "Traceback" not in result.output and "bug" not in result.stderr
+
+
+def test_python_dash_m_runs_the_command_line():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "flightrec", "--version"], capture_output=True, text=True)
+    assert result.returncode == 0 and "flightrec" in result.stdout

@@ -1,0 +1,5 @@
+"""`python -m flightrec`: the command line, for machines where the `flightrec` script is not on PATH."""
+
+from .cli import main
+
+main(prog_name="flightrec")
