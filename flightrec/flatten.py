@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .schema import KNOWN_DUMP_VERSIONS, STATES
+from .schema import KNOWN_DUMP_VERSIONS, STATES, TRUNCATED
 
 # Raw op names the writers emit (NCCL, Gloo, and older spellings) -> our vocabulary (schema.OPS).
 _OP_ALIASES = {
@@ -396,7 +396,7 @@ def flatten_dump(dump: dict, rank: int) -> dict[str, Any]:
     'pg_config', 'rank_lists', 'pg_status', 'stacks'}."""
     problems: list[str] = []
     if dump.get("_truncated"):
-        problems.append(f"truncated file: kept the {len(dump.get('entries') or [])} entries written before the cut")
+        problems.append(f"{TRUNCATED}: kept the {len(dump.get('entries') or [])} entries written before the cut")
     raw_entries = dump.get("entries", [])
     if raw_entries is None:
         raw_entries = []

@@ -18,6 +18,7 @@ from .schema import (
     MISMATCH_STATUSES,
     P2P_OPS_SCHEMA,
     PROGRESS,
+    TRUNCATED,
     conform,
 )
 
@@ -102,6 +103,12 @@ def size_rule_ok() -> pl.Expr:
 _UNEQUAL_SHAPES = ["all_to_all", "gather", "scatter"]
 
 
+def known_op() -> pl.Expr:
+    """The unit's op, null where its profiling name was missing or not one the recorder writes ("unknown"):
+    compared across members, unknown is no disagreement."""
+    return pl.when(pl.col("op") != "unknown").then(pl.col("op"))
+
+
 def shape_key(as_text: bool = False) -> pl.Expr:
     """What must be equal across members: outputs for reduce_scatter, inputs for the rest, nothing for ops
     whose members' shapes may differ. Shapes are categoricals over one set of categories (equal text, equal
@@ -111,7 +118,9 @@ def shape_key(as_text: bool = False) -> pl.Expr:
         return pl.col(column).cast(pl.String) if as_text else pl.col(column).to_physical()
 
     return (
-        pl.when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit("") if as_text else pl.lit(2**32 - 1, pl.UInt32))
+        # (an op not known: which of its shapes to compare isn't either)
+        pl.when(pl.col("op") == "unknown").then(pl.lit(None, pl.String if as_text else pl.UInt32))
+        .when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit("") if as_text else pl.lit(2**32 - 1, pl.UInt32))
         .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"])).then(shape("output_sizes"))
         .otherwise(shape("input_sizes"))
     )
@@ -136,7 +145,7 @@ _UNIT_KEY = ["group", "collective_seq_id", "rank"]
 _ONE_ENTRY = [
     pl.lit(1, pl.UInt32).alias("n_entries"),
     pl.col("op"), pl.col("input_sizes"), pl.col("output_sizes"), pl.col("input_dtypes"), pl.col("output_dtypes"),
-    pl.col("input_numel").fill_null(0), pl.col("output_numel").fill_null(0),   # (sums below skip nulls)
+    pl.col("input_numel"), pl.col("output_numel"),   # (null: unknown, which no size rule fails)
     pl.col("state"), pl.col("retired").fill_null(True), pl.col("record_id"), pl.col("stack_id"),
     pl.col("time_created_ns"), pl.col("time_completed_ns"), pl.col("tracks_completion"), pl.col("pg_id"),
     pl.col("timeout_ms"), pl.col("duration_ms"),
@@ -148,7 +157,8 @@ _RUN_AGGS = [
     pl.col("op").filter(pl.col("op") != "coalesced").first().fill_null(pl.col("op").first()),
     pl.col("input_sizes").first(), pl.col("output_sizes").first(),
     pl.col("input_dtypes").first(), pl.col("output_dtypes").first(),
-    pl.col("input_numel").sum(), pl.col("output_numel").sum(),
+    # (a batch's closer records no shapes: summed over the members that did, unknown only if none did)
+    *[pl.when(pl.col(c).is_not_null().any()).then(pl.col(c).sum()).alias(c) for c in ("input_numel", "output_numel")],
     pl.col("state").last(), pl.col("retired").all(), pl.col("record_id").min(), pl.col("stack_id").first(),
     pl.col("time_created_ns").min(), pl.col("time_completed_ns").max(),
     pl.col("tracks_completion").first(), pl.col("pg_id").first(), pl.col("timeout_ms").max(),
@@ -243,14 +253,18 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
 
     rank_info = dumps.filter(pl.col("loaded")).select(
         "rank", pl.lit(True).alias("has_dump"), pl.col("wrapped"),
+        pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any().alias("_cut"),
     ).join(tracks, on="rank", how="left")
     out = (
         members.join(per, on=["group", "rank"], how="left")
         .join(rank_info, on="rank", how="left")
         .with_columns(pl.col("has_dump").fill_null(False), pl.col("tracks_completion").fill_null(False))
         .with_columns(
+            # A dump cut short lost its newest entries: how far the rank got is unknown, as with no dump (it is
+            # not behind: blaming it would name the rank whose file was damaged, not the one that hung).
+            pl.when(pl.col("_cut").fill_null(False)).then(None)
             # A dump that never wrapped and has nothing in this group: the rank never enqueued anything in it.
-            pl.when(pl.col("last_enqueued").is_not_null()).then("last_enqueued")
+            .when(pl.col("last_enqueued").is_not_null()).then("last_enqueued")
             .when(pl.col("has_dump") & ~pl.col("wrapped").fill_null(True)).then(pl.lit(0))
             .otherwise(None).alias("last_enqueued"),
             # (never past the newest entry: where p2p entries left the buffer, the counter may hold a p2p seq)
@@ -268,10 +282,12 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
 
 
 def _all_equal(expr: pl.Expr) -> pl.Expr:
-    """In a group_by: every member has the same value, a null being a value of its own. On the physical ids of
-    enums and categoricals, min == max is a pass over the slice where n_unique would hash it."""
-    ids, nulls = expr.to_physical(), expr.null_count()
-    return ((ids.min() == ids.max()) | (nulls == pl.len())) & ((nulls == 0) | (nulls == pl.len()))
+    """In a group_by: every member that recorded a value has the same one. A null is unknown (a field the
+    dump lacks, or of a type it can't hold), never a disagreement: a rank whose recorder left out the dtypes
+    did not run another dtype. On the physical ids of enums and categoricals, min == max is a pass over the
+    slice where n_unique would hash it."""
+    ids = expr.to_physical()
+    return (ids.min() == ids.max()).fill_null(True)
 
 
 def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
@@ -301,7 +317,7 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
             pl.col("tracks_completion").sum().alias("n_tracking"),
             # a recorder without completion states (Gloo) still leaves unfinished work un-retired
             (~pl.col("tracks_completion") & ~pl.col("retired").fill_null(True)).sum().alias("n_unretired"),
-            _all_equal(pl.col("op")).alias("type_ok"),
+            _all_equal(known_op()).alias("type_ok"),
             _all_equal(pl.col("input_dtypes")).alias("dtype_ok"),
             (_all_equal(pl.col("_shape")) & pl.col("_self_ok").all() & all_to_all_totals_ok()).alias("size_ok"),
         )
@@ -310,7 +326,7 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
     if not inst["type_ok"].all():
         modes = (units.join(inst.filter(~pl.col("type_ok")).select("group", "collective_seq_id"),
                             on=["group", "collective_seq_id"])
-                 .group_by("group", "collective_seq_id").agg(pl.col("op").mode().sort().first().alias("_mode")))
+                 .group_by("group", "collective_seq_id").agg(known_op().drop_nulls().mode().sort().first().alias("_mode")))
         inst = inst.join(modes, on=["group", "collective_seq_id"], how="left").with_columns(
             pl.coalesce("_mode", "op").alias("op")).drop("_mode")
     everyone_in = pl.col("n_present") >= pl.col("n_known")
@@ -335,7 +351,7 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
 def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.DataFrame:
     """For each divergent collective: the ranks whose `field` differs from the most common value."""
     u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
-        field.cast(pl.String).alias("_v"))
+        field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())   # (unknown is no side)
     counts = u.group_by("group", "collective_seq_id", "_v").agg(pl.len().alias("_n"), pl.col("rank").sort())
     ranked = counts.sort("_n", "_v", descending=[True, False]).group_by(
         "group", "collective_seq_id", maintain_order=True)
@@ -371,7 +387,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) ->
         .group_by("group").agg(pl.len().alias("later_mismatches"))
     )
     parts = []
-    for status, field in (("type_mismatch", pl.col("op")), ("dtype_mismatch", pl.col("input_dtypes")),
+    for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
                           ("size_mismatch", shape_key(as_text=True))):
         sel = firsts.filter(pl.col("status") == status)
         if sel.height:

@@ -39,6 +39,9 @@ Text = pl.Categorical()
 # A process group's identity (see GROUPS): categorical, since every stage groups and joins on it.
 GroupId = pl.Categorical()
 
+# The dump problem (prefix) meaning its newest entries are lost (written last): how far the rank got is unknown.
+TRUNCATED = "truncated file"
+
 DUMPS = pl.Schema({
     "rank": pl.Int64,
     "host": pl.String,

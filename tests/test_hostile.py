@@ -180,3 +180,25 @@ def test_huge_json_is_refused_without_reading(job_dir):
 
 def test_flightrec_error_is_a_value_error():
     assert issubclass(FlightrecError, ValueError)
+
+
+@pytest.mark.parametrize("damage", ["cut", "no_dtypes", "no_shapes", "no_op_names"])
+def test_a_damaged_dump_is_not_blamed_for_the_hang(make_job, damage):
+    """A dump cut short lost its newest entries (the rank only looks behind), and one whose recorder left out
+    a field says nothing about it (not a mismatch): either way the rank that hung is named, not the damaged
+    one."""
+    out, truth = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="not_joined", rank=5)))
+    path = out / "nccl_trace_rank_3"
+    if damage == "cut":
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    else:
+        dump = loads_plain_pickle(path.read_bytes())
+        field = {"no_dtypes": "input_dtypes", "no_shapes": "input_sizes", "no_op_names": "profiling_name"}[damage]
+        for e in dump["entries"]:
+            e.pop(field, None)
+        path.write_bytes(pickle.dumps(dump))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False)
+    assert report.culprits["ranks"] == [5]

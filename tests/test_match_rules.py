@@ -62,11 +62,16 @@ def test_dtype_mismatch_minority():
     assert (d["status"], d["ranks"]) == ("dtype_mismatch", [0])
 
 
-def test_a_missing_dtype_differs_from_a_known_one_and_all_missing_agree():
-    """Equality is judged on categorical ids (min == max): a null must still count as a value of its own."""
-    one = run([entry(r, 1, dtype=None if r == 3 else "Float") for r in range(4)])
-    assert status(one, 1) == "dtype_mismatch"
+def test_a_missing_field_is_unknown_not_a_disagreement():
+    """A rank whose recorder left out a field (dtypes, shapes, the op's name) did not run another one: null is
+    unknown, never a mismatch; a known value that differs still is, with the unknown rank on neither side."""
+    assert status(run([entry(r, 1, dtype=None if r == 3 else "Float") for r in range(4)]), 1) == "matched"
     assert status(run([entry(r, 1, dtype=None) for r in range(4)]), 1) == "matched"
+    assert status(run([entry(r, 1, ins=None if r == 3 else "[[8]]", n_in=None if r == 3 else 8)
+                       for r in range(4)]), 1) == "matched"
+    mixed = run([entry(r, 1, dtype={0: "Half", 3: None}.get(r, "Float")) for r in range(4)])
+    d = mixed.divergences.row(0, named=True)
+    assert (d["status"], d["ranks"], d["ambiguous"]) == ("dtype_mismatch", [0], False)
 
 
 def test_size_mismatch_minority():
@@ -185,13 +190,13 @@ def test_p2p_pairs_and_unmatched():
 
 def test_one_entry_units_read_like_aggregated_ones():
     """When no unit spans several entries, the entries are taken as the units without aggregating: nulls must
-    come out as the aggregations give them (a null numel sums to 0, a null `retired` counts as all retired,
+    come out as the aggregations give them (a null numel stays unknown, a null `retired` counts as all retired,
     a null time stays null), and a batch elsewhere in the job must not change the single-entry units."""
     singles = [dict(entry(r, 1), input_numel=None, retired=None, time_created_ns=None) for r in range(4)]
     singles += [entry(r, 2, state="started") for r in range(4)]
     fast = run(singles).units
     assert fast["n_entries"].to_list() == [1] * 8
-    assert fast.filter(pl.col("collective_seq_id") == 1).select("input_numel", "retired", "time_created_ns").unique().rows() == [(0, True, None)]
+    assert fast.filter(pl.col("collective_seq_id") == 1).select("input_numel", "retired", "time_created_ns").unique().rows() == [(None, True, None)]
     batch = [entry(r, 3, record=3, state="scheduled") for r in range(4)] + [
         entry(r, 3, op="coalesced", ins="[]", record=4, n_in=0, name="nccl:allreduce_coalesced") for r in range(4)]
     aggregated = run(singles + batch).units
