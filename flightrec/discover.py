@@ -22,6 +22,7 @@ _TRAILING_RANK = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 _SEPARATORS = "._-"
 CACHE_DIR_NAME = ".flightrec-cache"
 _PICKLE_OR_GZIP = (b"\x80", b"\x1f\x8b")
+_DUMP_STARTS = (*_PICKLE_OR_GZIP, b"{", b"[", b" ", b"\n", b"\r", b"\t", b"\xef\xbb\xbf")   # (JSON, maybe with a BOM)
 
 
 def _looks_binary_dump(path: Path) -> bool:
@@ -32,6 +33,15 @@ def _looks_binary_dump(path: Path) -> bool:
             return fh.read(2).startswith(_PICKLE_OR_GZIP)
     except OSError:
         return False
+
+
+def _starts_like_a_dump(path: Path) -> bool:
+    """The first bytes could begin a pickle, gzip or JSON dump (a core file or a log could not)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(3).startswith(_DUMP_STARTS)
+    except OSError:
+        return True   # (unreadable: kept, and refused with the reason when read)
 
 
 @dataclass(frozen=True)
@@ -70,8 +80,12 @@ def _walk_files(root: Path) -> list[tuple[Path, str, os.stat_result]]:
             seen_dirs.add((stat.st_dev, stat.st_ino))
             with os.scandir(folder) as it:
                 listing = sorted(it, key=lambda entry: entry.name)
-        except OSError:
-            continue   # (unreadable folders are skipped, as os.walk does)
+        except OSError as exc:
+            # (skipped, as os.walk does, but said: a host folder not readable reads as that host's ranks having
+            # left no dump, and the runbook would drain a healthy host)
+            warnings.warn(f"cannot list {folder} ({exc.strerror or exc}): any dumps in it are not read; "
+                          "fix its permissions, or run as a user who can read it", stacklevel=3)
+            continue
         subfolders, base = [], Path(folder)
         for entry in listing:
             if entry.name.startswith("."):
@@ -97,10 +111,18 @@ def _common_suffix(strings: list[str]) -> str:
     while n < len(shortest) and all(s[len(s) - 1 - n] == shortest[len(shortest) - 1 - n] for s in strings):
         n += 1
     suffix = shortest[len(shortest) - n:] if n else ""
-    if len(set(strings)) > 1:
+    if len(set(strings)) > 1 and suffix not in strings:   # (a whole name is a suffix: it holds no host)
         while suffix and suffix[0] not in _SEPARATORS:
             suffix = suffix[1:]
     return suffix
+
+
+def _first_differing_level(paths: list[tuple[str, ...]]) -> int:
+    """The index of the first path component that is not the same in all `paths` (or past the shortest)."""
+    level = 0
+    while all(len(p) > level for p in paths) and len({p[level] for p in paths}) == 1:
+        level += 1
+    return level
 
 
 def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFile]:
@@ -137,6 +159,20 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
             folders.add(folder)
         else:
             skipped.append(path)
+    # A name alone in its kind (`core.4242`, `train.log.1` beside `nccl_trace_rank_*`) is a dump only if it
+    # starts like one: else it would claim a rank (`rank 4242 of 4243`) and shadow the real dump of its rank.
+    # Names shared by several files are not opened here (16K opens: 0.1 s of a warm run).
+    if prefix is None:
+        counts: dict[str, int] = {}
+        for _, name_prefix, _, _ in candidates:
+            counts[name_prefix] = counts.get(name_prefix, 0) + 1
+        strays = [c for c in candidates if counts[c[1]] == 1 and len(counts) > 1 and not _starts_like_a_dump(c[0])]
+        if strays:
+            names = ", ".join(c[0].name for c in strays[:5]) + (", ..." if len(strays) > 5 else "")
+            warnings.warn(f"ignored {len(strays)} file(s) that end in a number but are no dump: {names}",
+                          stacklevel=2)
+            stray_paths = {c[0] for c in strays}
+            candidates = [c for c in candidates if c[0] not in stray_paths]
     noteworthy = [p for p in skipped if _looks_binary_dump(p)]
     if candidates and noteworthy:
         names = ", ".join(p.name for p in noteworthy[:5]) + (", ..." if len(noteworthy) > 5 else "")
@@ -158,14 +194,17 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
         for p in set(name_prefixes):
             host = p[: len(p) - len(shared)].rstrip(_SEPARATORS)
             host_by_name[p] = host or None
-    # Host from the folder: only when dumps are spread over several folders (one folder a host).
+    # Host from the folder: only when dumps are spread over several folders (one folder a host). It is the
+    # first level below the root where the folders' paths differ: `dumps/node01/tmp/rank_5` is on node01.
     folder_is_host = len(folders) > 1
+    host_level = _first_differing_level([Path(f).parts for f in folders]) if folder_is_host else 0
 
     files = []
     for path, name_prefix, rank, stat in candidates:
         host = host_by_name.get(name_prefix)
         if host is None and folder_is_host:
-            host = path.parent.name
+            parts = path.parent.parts
+            host = parts[host_level] if host_level < len(parts) else None
         files.append(DumpFile(path=path, rank=rank, host=host, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     return _one_file_per_rank(files)
 
@@ -178,9 +217,12 @@ def _one_file_per_rank(files: list[DumpFile]) -> list[DumpFile]:
         if kept is None:
             by_rank[f.rank] = f
             continue
-        newer, older = (f, kept) if (f.mtime_ns, str(f.path)) > (kept.mtime_ns, str(kept.path)) else (kept, f)
+        # (one that starts like a dump before one that doesn't, then the newer)
+        key = {id(x): (_starts_like_a_dump(x.path), x.mtime_ns, str(x.path)) for x in (f, kept)}
+        newer, older = (f, kept) if key[id(f)] > key[id(kept)] else (kept, f)
+        why = "newer" if key[id(f)][0] == key[id(kept)][0] else "readable"
         warnings.warn(
-            f"two dumps claim rank {f.rank}: keeping the newer {newer.path}, ignoring {older.path}",
+            f"two dumps claim rank {f.rank}: keeping the {why} {newer.path}, ignoring {older.path}",
             stacklevel=3,
         )
         by_rank[f.rank] = newer

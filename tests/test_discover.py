@@ -75,3 +75,66 @@ def test_cache_folder_is_not_scanned(tmp_path):
     touch(tmp_path / "rank_0")
     touch(tmp_path / ".flightrec-cache" / "rank_1")
     assert [f.rank for f in discover(tmp_path)] == [0]
+
+
+def test_files_that_end_in_a_number_but_are_no_dump_claim_no_rank(tmp_path):
+    """A core file or a rotated log beside the dumps is not rank 4242 (`8 of 4243 ranks`), nor does it shadow
+    the real dump of its rank; one alone in its name that starts like a dump is still taken."""
+    for r in range(4):
+        (tmp_path / f"nccl_trace_rank_{r}").write_bytes(b"\x80\x04dump")
+    (tmp_path / "core.4242").write_bytes(b"\x7fELF....")
+    (tmp_path / "train.log.1").write_text("step 1 loss 2.3\n")
+    (tmp_path / "rescued_rank_7.json").write_text("{}")
+    with pytest.warns(UserWarning, match="no dump: core.4242, train.log.1"):
+        files = discover(tmp_path)
+    assert [(f.rank, f.path.name) for f in files] == [
+        (0, "nccl_trace_rank_0"), (1, "nccl_trace_rank_1"), (2, "nccl_trace_rank_2"), (3, "nccl_trace_rank_3"),
+        (7, "rescued_rank_7.json")]
+
+
+def test_of_two_files_claiming_a_rank_the_one_that_starts_like_a_dump_is_kept(tmp_path):
+    import os
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    good, bad = tmp_path / "a" / "rank_1", tmp_path / "b" / "rank_1"
+    good.write_bytes(b"\x80\x04dump")
+    bad.write_bytes(b"garbage")
+    os.utime(good, ns=(1, 1))   # the dump is the older one
+    with pytest.warns(UserWarning, match="keeping the readable"):
+        files = discover(tmp_path)
+    assert [f.path for f in files] == [good]
+
+
+def test_hosts_from_names_and_folders_when_one_name_or_level_is_plain(tmp_path):
+    """One renamed file (`node0-nccl_trace_rank_2` beside plain `nccl_trace_rank_*`) names its host and leaves
+    the others without one (not all 'nccl'); per-host folders copied with a level below them (`node01/tmp/`)
+    are named by the host level, not 'tmp'."""
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for r in (0, 1, 3):
+        touch(flat / f"nccl_trace_rank_{r}")
+    touch(flat / "node0-nccl_trace_rank_2")
+    assert ranks_hosts(discover(flat)) == [(0, None), (1, None), (2, "node0"), (3, None)]
+    nested = tmp_path / "nested"
+    for host, ranks in (("node01", (0, 1)), ("node02", (2, 3))):
+        (nested / host / "tmp").mkdir(parents=True)
+        for r in ranks:
+            touch(nested / host / "tmp" / f"nccl_trace_rank_{r}")
+    assert ranks_hosts(discover(nested)) == [(0, "node01"), (1, "node01"), (2, "node02"), (3, "node02")]
+
+
+def test_a_folder_that_cannot_be_listed_is_warned_about(tmp_path, monkeypatch):
+    """Its dumps would read as ranks that left none (a host down): say so. (Simulated: root reads anything.)"""
+    for host, r in (("node01", 0), ("node02", 1)):
+        touch(tmp_path / host / f"nccl_trace_rank_{r}")
+    real = os.scandir
+
+    def scandir(path):
+        if str(path).endswith("node02"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.warns(UserWarning, match="cannot list .*node02 .Permission denied"):
+        files = discover(tmp_path)
+    assert ranks_hosts(files) == [(0, None)]
