@@ -60,13 +60,13 @@ def cache_root(options: "LoadOptions") -> Path:
 
 def _folder(root: str, options: "LoadOptions") -> Path:
     key = f"{os.path.realpath(root)}\0{options.prefix}"
-    return cache_root(options) / hashlib.sha256(key.encode()).hexdigest()[:24]
+    return cache_root(options) / hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
 def _fingerprint(files: list["DumpFile"]) -> str:
     h = hashlib.sha256(f"v{CACHE_FORMAT_VERSION}-{LOCAL_LAYOUT}".encode())
     for f in files:
-        h.update(f"{f.path}\0{f.rank}\0{f.host}\0{f.size}\0{f.mtime_ns}\n".encode())
+        h.update(f"{f.path}\0{f.rank}\0{f.host}\0{f.size}\0{f.mtime_ns}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 

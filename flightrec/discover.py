@@ -20,6 +20,7 @@ from .errors import NoDumpsError
 _SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".bin")
 _TRAILING_RANK = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d+)$")
 _SEPARATORS = "._-"
+_MAX_RANK_DIGITS = 9   # (a longer number is a timestamp or a hash, no rank: ranks are held as 32-bit ints)
 CACHE_DIR_NAME = ".flightrec-cache"
 _PICKLE_OR_GZIP = (b"\x80", b"\x1f\x8b")
 _DUMP_STARTS = (*_PICKLE_OR_GZIP, b"{", b"[", b" ", b"\n", b"\r", b"\t", b"\xef\xbb\xbf")   # (JSON, maybe with a BOM)
@@ -147,14 +148,14 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     for path, folder, stat in paths:
         stem = _strip_suffixes(path.name)
         if prefix is not None:
-            if not stem.startswith(prefix) or not stem[len(prefix):].isdigit():
+            if not stem.startswith(prefix) or not stem[len(prefix):].isdigit() or len(stem) - len(prefix) > _MAX_RANK_DIGITS:
                 skipped.append(path)
                 continue
             candidates.append((path, "", int(stem[len(prefix):]), stat))
             folders.add(folder)
             continue
         match = _TRAILING_RANK.match(stem)
-        if match:
+        if match and len(match["rank"]) <= _MAX_RANK_DIGITS:
             candidates.append((path, match["prefix"], int(match["rank"]), stat))
             folders.add(folder)
         else:

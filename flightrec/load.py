@@ -344,19 +344,25 @@ def _parse_all(files: list[DumpFile], options: LoadOptions, spool: str | None = 
 # ---------------------------------------------------------------------------------------------- assembly
 
 
+def _printable(text: str | None) -> str | None:
+    """A file name's text as UTF-8 can hold it: bytes that aren't UTF-8 (kept by Python as lone surrogates)
+    become U+FFFD. For display only; files are opened by their `Path`."""
+    return None if text is None else text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.DataFrame]:
     metas = [m for r in results for m in r["metas"]]
     by_rank = {f.rank: f for f in files}
     dumps = pl.DataFrame({
         "rank": [m["rank"] for m in metas],
-        "host": [by_rank[m["rank"]].host for m in metas],
-        "path": [str(by_rank[m["rank"]].path) for m in metas],
+        "host": [_printable(by_rank[m["rank"]].host) for m in metas],
+        "path": [_printable(str(by_rank[m["rank"]].path)) for m in metas],
         "format": [m["format"] for m in metas],
         "version": [m["version"] for m in metas],
         "backend": [m["backend"] for m in metas],
         "comm_lib_version": [m["comm_lib_version"] for m in metas],
         "entry_count": [m["entry_count"] for m in metas],
-        "problems": [m["problems"] for m in metas],
+        "problems": [[_printable(p) for p in m["problems"]] for m in metas],
         "loaded": [m["loaded"] for m in metas],
     }, schema_overrides={"problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
                          "backend": pl.String, "comm_lib_version": pl.String, "format": pl.String})
@@ -466,6 +472,10 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     max_rank = dumps["rank"].max() if dumps.height else -1
     if world_size is None:
         world_size = max(int(declared_world or 0), int(max_rank) + 1)
+    elif max(int(declared_world or 0), int(max_rank) + 1) > world_size:
+        # (kept as given: it may be meant, e.g. to look at part of a job; but ranks past it read oddly)
+        warnings.warn(f"world size {world_size} was given, but the dumps hold rank {max_rank} and groups of up "
+                      f"to {declared_world or '?'} ranks: check --world-size", stacklevel=2)
     groups = pl.concat([groups, _inferred_groups(entries, groups, world_size)]).sort("group")
 
     members = (groups.select("group", "ranks")

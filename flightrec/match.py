@@ -181,7 +181,8 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl
     # Lazy, so only the columns used below are materialized from the (widest, longest) entries frame.
     marked = entries.lazy().with_columns((pl.col("is_p2p") | is_p2p_closer()).alias("_p2p"),
                                          completion.alias("tracks_completion"))
-    coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & pl.col("collective_seq_id").is_not_null())
+    # (a negative seq id, from a damaged or hand-edited dump, is no place in the sequence: unknown, as null)
+    coll = marked.filter(~pl.col("_p2p") & pl.col("group").is_not_null() & (pl.col("collective_seq_id") >= 0))
     # Entries are in (rank, record) order, and one thread records a unit's entries back to back: each run of
     # equal keys is a unit. Each entry is first read as a unit of its own (`_ONE_ENTRY`); when every run is one
     # entry (no coalesced batches: the usual NCCL job) those rows are the units, else runs are aggregated over

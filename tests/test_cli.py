@@ -250,3 +250,8 @@ def test_python_dash_m_runs_the_command_line():
 
     result = subprocess.run([sys.executable, "-m", "flightrec", "--version"], capture_output=True, text=True)
     assert result.returncode == 0 and "flightrec" in result.stdout
+
+
+def test_a_world_size_smaller_than_the_dumps_say_is_warned_about(runner, hung):
+    result = runner.invoke(main, ["analyze", str(hung), "--world-size", "4", "--no-cache"])
+    assert "world size 4 was given, but the dumps hold rank 15" in result.stderr

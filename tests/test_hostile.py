@@ -202,3 +202,22 @@ def test_a_damaged_dump_is_not_blamed_for_the_hang(make_job, damage):
         warnings.simplefilter("ignore")
         report = analyze(out, use_cache=False)
     assert report.culprits["ranks"] == [5]
+
+
+def test_odd_names_and_ids_are_read_not_a_flightrec_bug(make_job, tmp_path, monkeypatch):
+    """A file name that isn't UTF-8, a number too long to be a rank, and negative seq ids: the analysis runs
+    (cached and not) and still names the rank that hung, instead of exit 70."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="not_joined", rank=5)))
+    os.rename(out / "nccl_trace_rank_4", os.fsencode(out) + b"/\xff\xfe-nccl_trace_rank_4")
+    (out / "nccl_trace_rank_99999999999999999999").write_bytes((out / "nccl_trace_rank_0").read_bytes())
+    dump = loads_plain_pickle((out / "nccl_trace_rank_3").read_bytes())
+    dump["entries"][0]["collective_seq_id"] = -1
+    (out / "nccl_trace_rank_3").write_bytes(pickle.dumps(dump))
+    json_dump = json.loads(synth.to_json_dump(dump))
+    (out / "nccl_trace_rank_3").unlink()
+    (out / "nccl_trace_rank_3.json").write_text(json.dumps(json_dump))
+    monkeypatch.setenv("FLIGHTREC_CACHE_DIR", str(tmp_path / "cache"))
+    for extra in (["--no-cache"], [], []):   # (then written to the cache, then read from it)
+        result = CliRunner().invoke(main, ["analyze", str(out), "--format", "json", "-q", *extra])
+        assert result.exit_code == 1, result.output
+        assert json.loads(result.stdout)["culprits"]["ranks"] == [5]
