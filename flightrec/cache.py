@@ -242,13 +242,21 @@ def _ours(cache_dir: Path, keep: Path | None) -> dict[Path, float]:
     return used
 
 
+def manifest_kind(folder: Path) -> str | None:
+    """What wrote `folder`'s tables, of any format version: "shard", "cache" (the local cache), or None (no
+    readable manifest: not flightrec's)."""
+    try:
+        meta = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    return "shard" if meta.get("kind") == "shard" else "cache" if "fingerprint" in meta else None
+
+
 def _is_local_cache(manifest: Path) -> bool:
     """A local cache's manifest, not a shard's (a cache folder pointed at shard output keeps its shards)."""
-    try:
-        meta = json.loads(manifest.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and "fingerprint" in meta and meta.get("kind") != "shard"
+    return manifest_kind(manifest.parent) == "cache"
 
 
 def _mark_used(folder: Path) -> None:

@@ -26,23 +26,24 @@ _PICKLE_OR_GZIP = (b"\x80", b"\x1f\x8b")
 _DUMP_STARTS = (*_PICKLE_OR_GZIP, b"{", b"[", b" ", b"\n", b"\r", b"\t", b"\xef\xbb\xbf")   # (JSON, maybe with a BOM)
 
 
+def _starts_with(path: Path, starts: tuple[bytes, ...], unreadable: bool) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(3).startswith(starts)
+    except OSError:
+        return unreadable
+
+
 def _looks_binary_dump(path: Path) -> bool:
     """A skipped file is worth a warning when it starts like a pickle or gzip dump (notes, logs and JSON
     reports beside the dumps are skipped quietly)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(2).startswith(_PICKLE_OR_GZIP)
-    except OSError:
-        return False
+    return _starts_with(path, _PICKLE_OR_GZIP, unreadable=False)
 
 
 def _starts_like_a_dump(path: Path) -> bool:
-    """The first bytes could begin a pickle, gzip or JSON dump (a core file or a log could not)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(3).startswith(_DUMP_STARTS)
-    except OSError:
-        return True   # (unreadable: kept, and refused with the reason when read)
+    """The first bytes could begin a pickle, gzip or JSON dump (a core file or a log could not). An unreadable
+    file is kept: it is refused with the reason when read."""
+    return _starts_with(path, _DUMP_STARTS, unreadable=True)
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
         counts: dict[str, int] = {}
         for _, name_prefix, _, _ in candidates:
             counts[name_prefix] = counts.get(name_prefix, 0) + 1
-        strays = [c for c in candidates if counts[c[1]] == 1 and len(counts) > 1 and not _starts_like_a_dump(c[0])]
+        strays = [c for c in candidates if len(counts) > 1 and counts[c[1]] == 1 and not _starts_like_a_dump(c[0])]
         if strays:
             names = ", ".join(c[0].name for c in strays[:5]) + (", ..." if len(strays) > 5 else "")
             warnings.warn(f"ignored {len(strays)} file(s) that end in a number but are no dump: {names}",
@@ -219,9 +220,9 @@ def _one_file_per_rank(files: list[DumpFile]) -> list[DumpFile]:
             by_rank[f.rank] = f
             continue
         # (one that starts like a dump before one that doesn't, then the newer)
-        key = {id(x): (_starts_like_a_dump(x.path), x.mtime_ns, str(x.path)) for x in (f, kept)}
-        newer, older = (f, kept) if key[id(f)] > key[id(kept)] else (kept, f)
-        why = "newer" if key[id(f)][0] == key[id(kept)][0] else "readable"
+        f_key, kept_key = ((_starts_like_a_dump(x.path), x.mtime_ns, str(x.path)) for x in (f, kept))
+        newer, older = (f, kept) if f_key > kept_key else (kept, f)
+        why = "newer" if f_key[0] == kept_key[0] else "readable"
         warnings.warn(
             f"two dumps claim rank {f.rank}: keeping the {why} {newer.path}, ignoring {older.path}",
             stacklevel=3,

@@ -8,7 +8,6 @@ their tables. See docs/scale.md.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -43,13 +42,8 @@ def _check_replaceable(out: Path) -> None:
         return
     if not out.is_dir():
         raise FlightrecError(f"{out} is a file: give a new or empty folder to convert into")
-    if (out / cache.MANIFEST).is_file():
-        try:
-            kind = json.loads((out / cache.MANIFEST).read_text()).get("kind")
-        except (OSError, ValueError, AttributeError):
-            kind = None
-        if kind == "shard":
-            return   # (converting again: the old shard is replaced)
+    if cache.manifest_kind(out) == "shard":
+        return   # (converting again: the old shard is replaced)
     if any(out.iterdir()):
         raise FlightrecError(f"{out} is not empty and holds no flightrec shard: converting would replace what is "
                              "there. Give a new or empty folder")
