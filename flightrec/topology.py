@@ -84,6 +84,17 @@ def read_topology_file(path: str | Path) -> dict[str, str]:
 def resolve(*, world_size: int, from_dumps: dict[int, str], hosts_file: str | Path | None = None,
             ranks_per_host: int | None = None, topology_file: str | Path | None = None) -> Topology:
     switch_of = read_topology_file(topology_file) if topology_file else {}
+    topology = _ranks_to_hosts(world_size, from_dumps, hosts_file, ranks_per_host, switch_of)
+    hosts = set(topology.host_of.values())
+    if switch_of and hosts and not hosts & switch_of.keys():
+        # (silently, no host would roll up to a switch: most likely a `rank,host` file given as the topology)
+        raise HostMapError(f"{topology_file}: names none of the job's hosts (e.g. {sorted(hosts)[0]!r}) in its first "
+                           "column; it should be 'host,switch' (a 'rank,host' file goes to --hosts)")
+    return topology
+
+
+def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str | Path | None,
+                    ranks_per_host: int | None, switch_of: dict[str, str]) -> Topology:
     if hosts_file is not None:
         return Topology(read_hosts_file(hosts_file), switch_of, "hosts file")
     if from_dumps:

@@ -255,3 +255,11 @@ def test_python_dash_m_runs_the_command_line():
 def test_a_world_size_smaller_than_the_dumps_say_is_warned_about(runner, hung):
     result = runner.invoke(main, ["analyze", str(hung), "--world-size", "4", "--no-cache"])
     assert "world size 4 was given, but the dumps hold rank 15" in result.stderr
+
+
+def test_a_hosts_file_given_as_the_topology_is_refused(runner, hung, tmp_path):
+    """A `rank,host` CSV passed to --topology matched no host, so nothing rolled up to a switch, silently."""
+    wrong = tmp_path / "hosts.csv"
+    wrong.write_text("rank,host\n" + "".join(f"{r},node{r // 4:05d}\n" for r in range(16)))
+    result = runner.invoke(main, ["analyze", str(hung), "--topology", str(wrong), "-q"])
+    assert result.exit_code == 2 and "names none of the job's hosts" in result.stderr, result.output
