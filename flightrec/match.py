@@ -252,18 +252,22 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
         .with_columns(pl.col("group").is_in(p2p_groups["group"].implode()).alias("_has_p2p"))
     )
 
-    rank_info = dumps.filter(pl.col("loaded")).select(
+    # How far a rank got is unknown, as with no dump, when its dump was cut short (the newest entries, written
+    # last, are the ones lost), or holds no entry at all while its pg_status counters show it ran collectives
+    # (a recorder that kept nothing, or a writer that left them out): it only looks behind. Blaming it would
+    # name the rank whose file is damaged, not the one that hung.
+    ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
+    rank_info = dumps.filter(pl.col("loaded")).join(ran, on="rank", how="left").select(
         "rank", pl.lit(True).alias("has_dump"), pl.col("wrapped"),
-        pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any().alias("_cut"),
+        (pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any()
+         | ((pl.col("entry_count") == 0) & pl.col("_ran").fill_null(False))).alias("_unknown"),
     ).join(tracks, on="rank", how="left")
     out = (
         members.join(per, on=["group", "rank"], how="left")
         .join(rank_info, on="rank", how="left")
         .with_columns(pl.col("has_dump").fill_null(False), pl.col("tracks_completion").fill_null(False))
         .with_columns(
-            # A dump cut short lost its newest entries: how far the rank got is unknown, as with no dump (it is
-            # not behind: blaming it would name the rank whose file was damaged, not the one that hung).
-            pl.when(pl.col("_cut").fill_null(False)).then(None)
+            pl.when(pl.col("_unknown").fill_null(False)).then(None)
             # A dump that never wrapped and has nothing in this group: the rank never enqueued anything in it.
             .when(pl.col("last_enqueued").is_not_null()).then("last_enqueued")
             .when(pl.col("has_dump") & ~pl.col("wrapped").fill_null(True)).then(pl.lit(0))

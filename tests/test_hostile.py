@@ -182,16 +182,20 @@ def test_flightrec_error_is_a_value_error():
     assert issubclass(FlightrecError, ValueError)
 
 
-@pytest.mark.parametrize("damage", ["cut", "no_dtypes", "no_shapes", "no_op_names"])
+@pytest.mark.parametrize("damage", ["cut", "no_entries", "no_dtypes", "no_shapes", "no_op_names"])
 def test_a_damaged_dump_is_not_blamed_for_the_hang(make_job, damage):
-    """A dump cut short lost its newest entries (the rank only looks behind), and one whose recorder left out
-    a field says nothing about it (not a mismatch): either way the rank that hung is named, not the damaged
-    one."""
+    """A dump cut short lost its newest entries, one with no entries while its pg_status counts collectives
+    kept none (either rank only looks behind), and one whose recorder left out a field says nothing about it
+    (not a mismatch): either way the rank that hung is named, not the damaged one."""
     out, truth = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=4, fault=synth.Fault(kind="not_joined", rank=5)))
     path = out / "nccl_trace_rank_3"
     if damage == "cut":
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 2])
+    elif damage == "no_entries":   # (its pg_status still counts the collectives it ran)
+        dump = loads_plain_pickle(path.read_bytes())
+        path.unlink()
+        (out / "nccl_trace_rank_3.json").write_text(synth.to_json_dump(dict(dump, entries=[])))
     else:
         dump = loads_plain_pickle(path.read_bytes())
         field = {"no_dtypes": "input_dtypes", "no_shapes": "input_sizes", "no_op_names": "profiling_name"}[damage]
