@@ -414,19 +414,26 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
             evidence={"median_late_ms": round(med, 3), "threshold_ms": round(bar, 3),
                       **({"tied_with": tied} if tied else {})},
         ))
-    for row in result.per_rank.filter(pl.col("straggler")).iter_rows(named=True):
-        if row["rank"] in covered:
-            continue
+    flagged = result.per_rank.filter(pl.col("straggler") & ~pl.col("rank").is_in(list(covered)))
+    by_kind = _lateness_by_group_kind(result.lateness, flagged["rank"], groups)
+    for row in flagged.iter_rows(named=True):
         descs = sorted({desc.get(g, "") for g in row["groups"]} - {""})
         where = f" in {', '.join(descs)} groups" if descs else ""
         host = f" (host {row['host']})" if row["host"] else ""
+        kinds = by_kind.get(row["rank"], {})
+        # (waits add up along a step: a rank 150 ms late on each op is 450 ms late in a group it reaches after
+        # three of them; its least late kind of group is its own delay)
+        split = (f"; by group: {', '.join(f'{k} {v:,.0f}' for k, v in sorted(kinds.items(), key=lambda kv: kv[1]))} ms"
+                 if len(kinds) > 1 else "")
         out.append(Finding(
             kind="straggler", role="warning", ranks=[row["rank"]], hosts=[row["host"]] if row["host"] else [],
             message=(f"rank {row['rank']}{host} is a straggler: it enqueues its collectives "
-                     f"{row['median_late_ms']:,.0f} ms after the first of its peers (median), late on "
+                     f"{row['median_late_ms']:,.0f} ms after the first of its peers (median{split}), late on "
                      f"{row['late_fraction']:.0%} of {row['n']} collectives{where}{_tie_text(row['tied_with'])}"),
             evidence={"median_late_ms": round(row["median_late_ms"], 3), "late_fraction": round(row["late_fraction"], 3),
                       "collectives": row["n"], "threshold_ms": round(result.threshold_ms, 3),
+                      **({"median_late_ms_by_group": {k: round(v, 3) for k, v in sorted(kinds.items())}}
+                         if len(kinds) > 1 else {}),
                       **({"tied_with": row["tied_with"]} if row["tied_with"] else {})},
         ))
     if result.slow_groups.height:
@@ -447,6 +454,18 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
         ))
     if result.slow_p2p_links is not None and result.slow_p2p_links.height:
         out += _p2p_findings(result)
+    return out
+
+
+def _lateness_by_group_kind(lateness: pl.DataFrame, ranks: pl.Series, groups: pl.DataFrame) -> dict[int, dict]:
+    """For the few `ranks`: their median lateness (ms) per kind of group (pg_desc), {rank: {desc: ms}}."""
+    per = (lateness.join(pl.DataFrame({"rank": ranks}), on="rank", how="semi")
+           .join(groups.select("group", pl.col("pg_desc").cast(pl.String)), on="group", how="left")
+           .filter(pl.col("pg_desc").is_not_null() & (pl.col("pg_desc") != ""))
+           .group_by("rank", "pg_desc").agg(pl.col("late_ms").median()))
+    out: dict[int, dict] = {}
+    for rank, kind, ms in per.iter_rows():
+        out.setdefault(rank, {})[kind] = ms
     return out
 
 
