@@ -23,27 +23,30 @@ _SEPARATORS = "._-"
 _MAX_RANK_DIGITS = 9   # (a longer number is a timestamp or a hash, no rank: ranks are held as 32-bit ints)
 CACHE_DIR_NAME = ".flightrec-cache"
 _PICKLE_OR_GZIP = (b"\x80", b"\x1f\x8b")
-_DUMP_STARTS = (*_PICKLE_OR_GZIP, b"{", b"[", b" ", b"\n", b"\r", b"\t", b"\xef\xbb\xbf")   # (JSON, maybe with a BOM)
+# A pickle, a gzip stream, or JSON (maybe after a BOM or blanks): an object, or an array of objects or lists (a
+# log line's "[rank1]:" or "[2024-..." is not)
+_DUMP_HEAD = re.compile(rb"^(?:\x80|\x1f\x8b|(?:\xef\xbb\xbf)?\s*(?:\{|\[\s*(?:[\[{\]]|$)|$))")
 
 
-def _starts_with(path: Path, starts: tuple[bytes, ...], unreadable: bool) -> bool:
+def _head(path: Path) -> bytes | None:
     try:
         with open(path, "rb") as fh:
-            return fh.read(3).startswith(starts)
+            return fh.read(64)
     except OSError:
-        return unreadable
+        return None
 
 
 def _looks_binary_dump(path: Path) -> bool:
     """A skipped file is worth a warning when it starts like a pickle or gzip dump (notes, logs and JSON
     reports beside the dumps are skipped quietly)."""
-    return _starts_with(path, _PICKLE_OR_GZIP, unreadable=False)
+    return (_head(path) or b"").startswith(_PICKLE_OR_GZIP)
 
 
 def _starts_like_a_dump(path: Path) -> bool:
-    """The first bytes could begin a pickle, gzip or JSON dump (a core file or a log could not). An unreadable
-    file is kept: it is refused with the reason when read."""
-    return _starts_with(path, _DUMP_STARTS, unreadable=True)
+    """The first bytes could begin a pickle, gzip or JSON dump (a core file or a log could not). An empty or
+    unreadable file is kept: it is refused with its reason when read ("empty file": the rank died dumping)."""
+    head = _head(path)
+    return not head or bool(_DUMP_HEAD.match(head))
 
 
 @dataclass(frozen=True)

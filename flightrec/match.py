@@ -131,7 +131,7 @@ def all_to_all_totals_ok() -> pl.Expr:
     return (
         (pl.col("op").first() != "all_to_all")
         | (pl.col("input_numel").sum() == pl.col("output_numel").sum())
-        | pl.col("input_numel").is_null().any()
+        | pl.col("input_numel").is_null().any() | pl.col("output_numel").is_null().any()
     )
 
 
@@ -257,11 +257,13 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     # (a recorder that kept nothing, or a writer that left them out): it only looks behind. Blaming it would
     # name the rank whose file is damaged, not the one that hung.
     ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
+    # So its dump counts as none here (`has_dump`): the wait-for graph then sees who provably waits on it (a
+    # culprit whose dump was cut while it hung), as for a rank that left no dump.
     rank_info = dumps.filter(pl.col("loaded")).join(ran, on="rank", how="left").select(
-        "rank", pl.lit(True).alias("has_dump"), pl.col("wrapped"),
+        "rank", pl.col("wrapped"),
         (pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any()
          | ((pl.col("entry_count") == 0) & pl.col("_ran").fill_null(False))).alias("_unknown"),
-    ).join(tracks, on="rank", how="left")
+    ).with_columns((~pl.col("_unknown")).alias("has_dump")).join(tracks, on="rank", how="left")
     out = (
         members.join(per, on=["group", "rank"], how="left")
         .join(rank_info, on="rank", how="left")

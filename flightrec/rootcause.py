@@ -30,7 +30,11 @@ class _Context:
             g: ProcessGroupRef(name or "", desc or "", int(size))
             for g, name, desc, size in trace.groups.select("group", "pg_name", "pg_desc", "size").iter_rows()
         }
-        self.has_dump = set(trace.dumps.filter(pl.col("loaded"))["rank"].to_list())
+        loaded = set(trace.dumps.filter(pl.col("loaded"))["rank"].to_list())
+        # a dump cut short (or with no entry though it ran collectives) tells nothing of how far its rank got:
+        # matching counts it as no dump (progress.has_dump), and so does the root cause
+        self.damaged = loaded & set(m.progress.filter(~pl.col("has_dump"))["rank"].to_list())
+        self.has_dump = loaded - self.damaged
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -241,7 +245,11 @@ def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) ->
             msg = (f"host {host} is down: none of its {len(on_host)} ranks ({format_ranks(on_host)}) left a dump, "
                    f"and {len(waiting):,} ranks wait on them in {', '.join(labels)}")
         else:
-            msg = (f"{ctx.ranks_label(ranks)} left no dump, and {len(waiting):,} rank{'s' if len(waiting) != 1 else ''} "
+            damaged = [r for r in ranks if r in ctx.damaged]
+            what = ("left no dump," if not damaged else
+                    "left a dump cut short (or with no entry), so how far it got is unknown," if len(ranks) == 1 else
+                    f"left no dump or a damaged one ({format_ranks(damaged)}),")
+            msg = (f"{ctx.ranks_label(ranks)} {what} and {len(waiting):,} rank{'s' if len(waiting) != 1 else ''} "
                    f"wait on {'it' if len(ranks) == 1 else 'them'} in {', '.join(labels)}")
         out.append(Finding(
             kind="missing_dump", role="root_cause", message=msg, ranks=ranks,

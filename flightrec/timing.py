@@ -225,9 +225,9 @@ def _threshold(late_ms: pl.Series, opts: TimingOptions) -> float:
     scale = opts.spread_factor * 1.4826
     # Usually the floor decides: the spread is below `bound` when fewer than half the deviations reach it (then
     # the middle ones don't). A count is a quarter of the cost of a second median over 850K rows.
-    bound = (opts.min_late_ms - med) / scale
+    bound = (opts.min_late_ms - med) / scale if scale > 0 else 0.0
     deviation = (late_ms - med).abs()
-    if bound > 0 and 2 * (deviation >= bound).sum() < deviation.len() - deviation.null_count():
+    if scale > 0 and bound > 0 and 2 * (deviation >= bound).sum() < deviation.len() - deviation.null_count():
         return opts.min_late_ms
     mad = deviation.median() or 0.0
     return max(opts.min_late_ms, med + scale * mad)

@@ -83,7 +83,7 @@ def test_files_that_end_in_a_number_but_are_no_dump_claim_no_rank(tmp_path):
     for r in range(4):
         (tmp_path / f"nccl_trace_rank_{r}").write_bytes(b"\x80\x04dump")
     (tmp_path / "core.4242").write_bytes(b"\x7fELF....")
-    (tmp_path / "train.log.1").write_text("step 1 loss 2.3\n")
+    (tmp_path / "train.log.1").write_text("[rank1]: step 1 loss 2.3\n")   # ('[' opens JSON too)
     (tmp_path / "rescued_rank_7.json").write_text("{}")
     with pytest.warns(UserWarning, match="no dump: core.4242, train.log.1"):
         files = discover(tmp_path)
@@ -138,3 +138,12 @@ def test_a_folder_that_cannot_be_listed_is_warned_about(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="cannot list .*node02 .Permission denied"):
         files = discover(tmp_path)
     assert ranks_hosts(files) == [(0, None)]
+
+
+def test_an_empty_dump_alone_in_its_name_is_kept_for_the_reader_to_refuse(tmp_path):
+    """One rank per host, host-prefixed names: every name is alone in its kind. The culprit's empty file (it
+    died dumping) must still reach the reader, which refuses it with that reason and keeps its host."""
+    for r in range(4):
+        touch(tmp_path / f"node{r:03d}-nccl_trace_rank_{r}", b"" if r == 3 else b"\x80\x04dump")
+    (tmp_path / "node004-nccl_trace_rank_4.json").write_bytes(b"\xef\xbb\xbf\t{}")
+    assert ranks_hosts(discover(tmp_path)) == [(r, f"node{r:03d}") for r in range(5)]

@@ -182,6 +182,23 @@ def test_flightrec_error_is_a_value_error():
     assert issubclass(FlightrecError, ValueError)
 
 
+def test_the_culprits_own_dump_cut_short_still_names_it(make_job):
+    """The rank that hung is the likeliest to leave a damaged dump. Cut while it hung (entries first, as
+    torch's writer orders the keys, so its pg_status is lost too), it is named as its waiters' cause, as a
+    rank that left no dump would be, not a link between hosts."""
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=4, ranks_per_host=4,
+                                fault=synth.Fault(kind="not_joined", rank=5, phase="dp")))
+    path = out / "nccl_trace_rank_5"
+    dump = loads_plain_pickle(path.read_bytes())
+    data = pickle.dumps({k: dump[k] for k in ("version", "entries", "pg_config", "pg_status")}, 2)
+    path.write_bytes(data[: int(len(data) * 0.85)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False, ranks_per_host=4)
+    assert report.culprits["ranks"] == [5] and report.culprits["links"] == []
+    assert "cut short" in report.summary
+
+
 @pytest.mark.parametrize("damage", ["cut", "no_entries", "no_dtypes", "no_shapes", "no_op_names"])
 def test_a_damaged_dump_is_not_blamed_for_the_hang(make_job, damage):
     """A dump cut short lost its newest entries, one with no entries while its pg_status counts collectives

@@ -213,3 +213,12 @@ def test_progress_is_the_newest_entry_not_pg_status_counters():
     prog = run(rows, pg_status=ahead).progress
     assert set(prog["last_enqueued"].to_list()) == {2} and set(prog["last_completed"].to_list()) == {2}
     assert set(prog["behind"].to_list()) == {0}
+
+
+def test_an_all_to_all_member_with_unknown_output_is_no_size_mismatch():
+    rows = [entry(r, 1, op="all_to_all", outs=None if r == 3 else "[[8]]", n_out=None if r == 3 else 8)
+            for r in range(4)]
+    for row in rows:
+        if row["rank"] == 3:
+            row["output_sizes"], row["output_numel"] = None, None
+    assert status(run(rows), 1) == "matched"
