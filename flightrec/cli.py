@@ -333,8 +333,9 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
     from . import views
     from .cache import TABLES
     from .load import load_raw
-    from .shards import write_shard
+    from .shards import check_replaceable, write_shard
 
+    check_replaceable(out)   # (before the parse, which can take minutes)
     opts = _load_opts(prefix, world_size, no_cache, workers, None)
     write_shard(load_raw(dump_dir, opts), out, source=str(dump_dir), host=host)
     written = list(TABLES)

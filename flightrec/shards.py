@@ -27,7 +27,7 @@ def find_shards(root: str | os.PathLike) -> list[Path]:
 def write_shard(raw: dict[str, pl.DataFrame], out: str | os.PathLike, *, source: str, host: str | None) -> Path:
     """Write `raw` as a shard into `out`, replacing it whole: `out` must be new, empty, or a shard."""
     out = Path(out)
-    _check_replaceable(out)
+    check_replaceable(out)
     if host is not None:
         raw = dict(raw, dumps=raw["dumps"].with_columns(pl.col("host").fill_null(host)))
     cache.write_tables(raw, out, {"kind": "shard", "source": source, "host": host,
@@ -35,7 +35,7 @@ def write_shard(raw: dict[str, pl.DataFrame], out: str | os.PathLike, *, source:
     return out
 
 
-def _check_replaceable(out: Path) -> None:
+def check_replaceable(out: Path) -> None:
     """Writing a shard replaces its folder whole: refuse a folder holding anything flightrec didn't write there
     (the dumps themselves, given as OUT by mistake)."""
     if not out.exists():

@@ -209,9 +209,14 @@ def test_the_compiled_reader_without_numba_is_a_clear_usage_error(runner, hung, 
     assert "pip install 'flightrec[fast]'" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_convert_never_replaces_a_folder_it_did_not_write(runner, hung, tmp_path):
+def test_convert_never_replaces_a_folder_it_did_not_write(runner, hung, tmp_path, monkeypatch):
     """Converting replaces OUT whole: a folder holding anything else (the dumps themselves, given as OUT by
     mistake) is refused and left as it was; a new folder, or a shard written before, is fine."""
+    import importlib
+
+    load_module = importlib.import_module("flightrec.load")   # (`flightrec.load` is the function)
+    real_load_raw = load_module.load_raw
+    monkeypatch.setattr(load_module, "load_raw", lambda *a, **k: pytest.fail("parsed before checking OUT"))
     keep = tmp_path / "notes"
     keep.mkdir()
     (keep / "notes.txt").write_text("keep")
@@ -221,6 +226,7 @@ def test_convert_never_replaces_a_folder_it_did_not_write(runner, hung, tmp_path
         assert result.exit_code == 2 and "not empty" in result.stderr, result.output
     assert (keep / "notes.txt").read_text() == "keep"
     assert sorted(p.name for p in hung.rglob("*")) == dumps_before
+    monkeypatch.setattr(load_module, "load_raw", real_load_raw)
     out = tmp_path / "shard"
     for _ in range(2):   # (the second time over its own earlier shard)
         assert runner.invoke(main, ["convert", str(hung), str(out), "--shard-only", "-q"]).exit_code == 0
