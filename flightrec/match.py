@@ -254,11 +254,10 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
 
     # How far a rank got is unknown, as with no dump, when its dump was cut short (the newest entries, written
     # last, are the ones lost), or holds no entry at all while its pg_status counters show it ran collectives
-    # (a recorder that kept nothing, or a writer that left them out): it only looks behind. Blaming it would
-    # name the rank whose file is damaged, not the one that hung.
+    # (a recorder that kept nothing, or a writer that left them out): it only looks behind. So its dump counts
+    # as none (`has_dump`): it is never named as behind, and the wait-for graph still sees who provably waits on
+    # it, as for a rank that left no dump (a culprit whose dump was cut while it hung).
     ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
-    # So its dump counts as none here (`has_dump`): the wait-for graph then sees who provably waits on it (a
-    # culprit whose dump was cut while it hung), as for a rank that left no dump.
     rank_info = dumps.filter(pl.col("loaded")).join(ran, on="rank", how="left").select(
         "rank", pl.col("wrapped"),
         (pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any()
