@@ -235,7 +235,7 @@ def _ours(cache_dir: Path, keep: Path | None) -> dict[Path, float]:
             if "." in folder.name:   # (a write or a removal that died)
                 if folder.stat().st_mtime < time.time() - 3600:
                     used[folder] = 0.0
-            elif _is_local_cache(folder / MANIFEST):
+            elif manifest_kind(folder) == "cache":   # (not a shard: a cache folder pointed at shard output keeps them)
                 used[folder] = (folder / MANIFEST).stat().st_mtime
         except OSError:
             used.pop(folder, None)
@@ -253,10 +253,6 @@ def manifest_kind(folder: Path) -> str | None:
         return None
     return "shard" if meta.get("kind") == "shard" else "cache" if "fingerprint" in meta else None
 
-
-def _is_local_cache(manifest: Path) -> bool:
-    """A local cache's manifest, not a shard's (a cache folder pointed at shard output keeps its shards)."""
-    return manifest_kind(manifest.parent) == "cache"
 
 
 def _mark_used(folder: Path) -> None:

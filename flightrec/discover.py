@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,9 +169,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     # starts like one: else it would claim a rank (`rank 4242 of 4243`) and shadow the real dump of its rank.
     # Names shared by several files are not opened here (16K opens: 0.1 s of a warm run).
     if prefix is None:
-        counts: dict[str, int] = {}
-        for _, name_prefix, _, _ in candidates:
-            counts[name_prefix] = counts.get(name_prefix, 0) + 1
+        counts = Counter(name_prefix for _, name_prefix, _, _ in candidates)
         strays = [c for c in candidates if len(counts) > 1 and counts[c[1]] == 1 and not _starts_like_a_dump(c[0])]
         if strays:
             names = ", ".join(c[0].name for c in strays[:5]) + (", ..." if len(strays) > 5 else "")

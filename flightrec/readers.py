@@ -123,10 +123,8 @@ def read_dump_bytes(path: Path) -> bytes:
         size = os.fstat(fd).st_size
         if size == 0:
             raise DumpFormatError(f"{source}: empty file (the rank may have died while dumping)")
-        head = os.pread(fd, 2, 0) if hasattr(os, "pread") else b""
-        if not head:   # (no pread: read from the start, then back)
-            head = os.read(fd, 2)
-            os.lseek(fd, 0, os.SEEK_SET)
+        head = os.read(fd, 2)
+        os.lseek(fd, 0, os.SEEK_SET)
         if head not in (_GZIP_MAGIC,) and head[:1] not in (b"\x80", b"{", b"[", b" ", b"\n", b"\r", b"\t", b"\xef"):
             raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file (starts with {head!r})")
         limit = MAX_DUMP_BYTES if head[:1] == b"\x80" else MAX_TEXT_BYTES

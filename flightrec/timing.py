@@ -227,7 +227,7 @@ def _threshold(late_ms: pl.Series, opts: TimingOptions) -> float:
     # the middle ones don't). A count is a quarter of the cost of a second median over 850K rows.
     bound = (opts.min_late_ms - med) / scale if scale > 0 else 0.0
     deviation = (late_ms - med).abs()
-    if scale > 0 and bound > 0 and 2 * (deviation >= bound).sum() < deviation.len() - deviation.null_count():
+    if bound > 0 and 2 * (deviation >= bound).sum() < deviation.len() - deviation.null_count():
         return opts.min_late_ms
     mad = deviation.median() or 0.0
     return max(opts.min_late_ms, med + scale * mad)
