@@ -76,7 +76,7 @@ def load_options(fn):
         click.option("--reader", type=click.Choice(["auto", "tape", "unpickler"]), default="auto", expose_value=False,
                      callback=_keep_reader,
                      help="Pickle reader: 'tape' (compiled, needs the fast extra), 'unpickler', or 'auto' (the "
-                          "tape from 256 MB of pickles when installed)."),
+                          "tape from 128 MB of pickles when installed)."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar and no warnings on stderr."),
     ]
     for d in reversed(decorators):

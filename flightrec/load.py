@@ -58,7 +58,7 @@ class LoadOptions:
         progress: called as progress(done_files, total_files) while parsing.
         reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow (always
             available). "tape": the compiled opcode reader (`flightrec.tape`; needs numba, `pip install
-            flightrec[fast]`), same columns, 1.2-2.2x faster cold, ~1.3 s to start. "auto" (default): the
+            flightrec[fast]`), same columns, 1.2-2.2x faster cold, ~0.45 s to start (in each worker, at once). "auto" (default): the
             tape when numba is installed and the pickles add up to `TAPE_MIN_BYTES`, else the unpickler.
     """
 
@@ -71,9 +71,10 @@ class LoadOptions:
     reader: str = "auto"
 
 
-# Below this much input the tape reader's start (importing numba, loading the compiled walker: ~1.3 s) costs
-# more than it saves (it saves ~40% of ~10 s per 400 MB at 2,000 entries a file, on two workers).
-TAPE_MIN_BYTES = 256 << 20
+# Below this much input the tape reader's start (each worker importing numba and loading the compiled walker:
+# ~0.45 s, all at once) costs more than it saves. Measured on two workers with 8,192 x 200 dumps (half their
+# bytes the 8,192-rank world list): even at 1,024 files (95 MB), 1.3 s either way; at 2,048 (190 MB), 1.7 vs 2.5 s.
+TAPE_MIN_BYTES = 128 << 20
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,12 @@ def _keep_freed_memory() -> None:
         pass   # not glibc: its default behaviour is fine, only slower
 
 
+def _start_worker(use_tape: bool) -> None:
+    _keep_freed_memory()
+    if use_tape:
+        tape.warm(own_process=True)
+
+
 def _use_tape(reader: str, total_bytes: int) -> bool:
     if reader not in ("auto", "tape", "unpickler"):
         raise FlightrecError(f"unknown reader {reader!r}: use 'auto', 'tape' or 'unpickler'")
@@ -317,8 +324,6 @@ def _parse_all(files: list[DumpFile], options: LoadOptions, spool: str | None = 
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
     chunks = _chunks(files, max(1, min(len(files), workers * 8)))
     use_tape = _use_tape(options.reader, sum(f.size for f in files))
-    if use_tape:
-        tape.warm()   # before the fork: the workers inherit the compiled reader
     results: list[dict] = []
     done = 0
     if workers == 1 or len(files) < 8:
@@ -331,7 +336,10 @@ def _parse_all(files: list[DumpFile], options: LoadOptions, spool: str | None = 
     # Workers only unpickle and build Arrow arrays (no Polars, whose thread pool is not fork-safe), so fork is
     # safe and starts instantly; spawn would re-import everything and re-run unguarded user scripts.
     ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_keep_freed_memory) as pool:
+    # Each worker loads the compiled reader itself, all at once (`_start_worker`): loaded in this process
+    # before the fork it was ~0.9 s of one core while the others waited.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker,
+                             initargs=(use_tape,)) as pool:
         for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks),
                                                   [use_tape] * len(chunks))):
             results.append(result)

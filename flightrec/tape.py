@@ -38,32 +38,48 @@ def available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def warm() -> None:
-    """Compile the walker, or load it from numba's cache next to this file (~0.4 s; ~3 s the first time).
-    Called before the parsing workers fork, so they inherit it instead of each loading it again."""
+def warm(own_process: bool = False) -> None:
+    """Compile the walker, or load it from numba's cache next to this file (~0.5 s; ~3 s the first time).
+    `own_process`: this process is flightrec's own (a parsing worker), so numba may be set up without its
+    linear algebra, which the walker doesn't use (see below)."""
     global _walk
     if _walk is None:
-        import numba
+        import sys
 
-        global _walk_one, _u32, _uint_arg, _text_hash
-        _u32 = numba.njit(cache=True, nogil=True, inline="always")(_u32_py)
-        _text_hash = numba.njit(cache=True, nogil=True, inline="always")(_text_hash_py)
-        _uint_arg = numba.njit(cache=True, nogil=True, inline="always")(_uint_arg_py)
-        _walk_one = numba.njit(cache=True, nogil=True)(_walk_one_py)
-        walk = numba.njit(cache=True, nogil=True)(_walk_py)
-        walk(np.frombuffer(b"\x80\x02N.", dtype=np.uint8), np.zeros(1, np.int64), np.full(1, 4, np.int64), 64, 64)
-        _walk = walk
-        dense_codes(np.zeros(1, np.int64), 1)
-        _compiled("group_by_parent", _group_by_parent_py)(np.zeros(1, np.int32), 1)
-        i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
-        _compiled("distinct_items", _distinct_items_py)(i32, i32, i64, i32, i64, 1)
-        _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
-                                                  np.zeros(1, np.int32), np.zeros(1, np.int64))
-        _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
-        _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
-        _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
-        _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
-    
+        # Setting up numba's compiler (even to load a cached function) probes for BLAS by importing
+        # scipy.linalg where scipy is installed: 0.3-0.4 s of its ~0.9. In a worker nothing else will use
+        # numba, so the probe is answered "absent". Not in a caller's process: its own numba code may need it.
+        blocked = own_process and "scipy.linalg.cython_blas" not in sys.modules
+        if blocked:
+            sys.modules["scipy.linalg.cython_blas"] = None   # (import then raises ImportError)
+        try:
+            _load_walker()
+        finally:
+            if blocked and sys.modules.get("scipy.linalg.cython_blas", 0) is None:
+                del sys.modules["scipy.linalg.cython_blas"]
+
+
+def _load_walker() -> None:
+    import numba
+
+    global _walk, _walk_one, _u32, _uint_arg, _text_hash
+    _u32 = numba.njit(cache=True, nogil=True, inline="always")(_u32_py)
+    _text_hash = numba.njit(cache=True, nogil=True, inline="always")(_text_hash_py)
+    _uint_arg = numba.njit(cache=True, nogil=True, inline="always")(_uint_arg_py)
+    _walk_one = numba.njit(cache=True, nogil=True)(_walk_one_py)
+    walk = numba.njit(cache=True, nogil=True)(_walk_py)
+    walk(np.frombuffer(b"\x80\x02N.", dtype=np.uint8), np.zeros(1, np.int64), np.full(1, 4, np.int64), 64, 64)
+    _walk = walk
+    dense_codes(np.zeros(1, np.int64), 1)
+    _compiled("group_by_parent", _group_by_parent_py)(np.zeros(1, np.int32), 1)
+    i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
+    _compiled("distinct_items", _distinct_items_py)(i32, i32, i64, i32, i64, 1)
+    _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
+                                              np.zeros(1, np.int32), np.zeros(1, np.int64))
+    _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
+    _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
+    _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
+    _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
 
 
 @dataclass(frozen=True)

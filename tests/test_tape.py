@@ -89,6 +89,47 @@ def test_load_gives_the_same_trace_either_way(tmp_path):
         assert getattr(fast, name).equals(getattr(slow, name)), name
 
 
+
+def test_pooled_workers_load_the_reader_and_leave_the_caller_alone(tmp_path):
+    """With a pool, each worker loads the compiled reader (with numba's BLAS probe answered "absent"): the
+    caller's process never imports numba, so its own numba code keeps its linear algebra."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "job"
+    synth.generate(synth.Job(tp=2, pp=2, dp=4, steps=4, fault=synth.Fault(kind="not_joined")), out)
+    code = (
+        "import sys, warnings; warnings.simplefilter('ignore')\n"
+        "from flightrec import LoadOptions, load\n"
+        f"fast = load({str(out)!r}, LoadOptions(use_cache=False, reader='tape', workers=2))\n"
+        f"slow = load({str(out)!r}, LoadOptions(use_cache=False, reader='unpickler', workers=1))\n"
+        "assert all(getattr(fast, n).equals(getattr(slow, n)) for n in ('dumps', 'entries', 'stacks', 'groups'))\n"
+        "assert fast.entries.height > 0\n"
+        "print('numba' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_a_worker_answers_the_blas_probe_only_while_loading():
+    """In a worker, loading the reader doesn't import scipy.linalg (0.3-0.4 s), and the probe's stand-in is
+    taken out again: a later import of it in that process still works."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from flightrec import tape\n"
+        "tape.warm(own_process=True)\n"
+        "assert tape._walk is not None\n"
+        "assert 'scipy.linalg' not in sys.modules\n"
+        "assert sys.modules.get('scipy.linalg.cython_blas', 0) is not None\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=5) | st.tuples(inner, inner)
