@@ -126,7 +126,8 @@ def read_dump_bytes(path: Path) -> bytes:
         head = os.read(fd, 2)
         os.lseek(fd, 0, os.SEEK_SET)
         if head not in (_GZIP_MAGIC,) and head[:1] not in (b"\x80", b"{", b"[", b" ", b"\n", b"\r", b"\t", b"\xef"):
-            raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file (starts with {head!r})")
+            raise DumpFormatError(f"{source}: not a flight-recorder dump: a dump is a pickle, a JSON object or "
+                                  f"either gzipped, and this starts with {head!r}")
         limit = MAX_DUMP_BYTES if head[:1] == b"\x80" else MAX_TEXT_BYTES
         if size > limit:
             raise DumpFormatError(f"{source}: {size:,} bytes is too large for a flight-recorder dump; skipped")
@@ -175,7 +176,7 @@ def parse_dump_bytes(data: bytes, source: str) -> tuple[dict, str]:
             obj = salvage_truncated_pickle(data, source)
         fmt = "pickle"
     else:
-        raise DumpFormatError(f"{source}: not a pickle, JSON or gzip file")
+        raise DumpFormatError(f"{source}: not a flight-recorder dump: a dump is a pickle or a JSON object")
     if isinstance(obj, list):  # torch 2.2 pickled the bare entry list, with no version or groups
         obj = {"version": "1.0", "entries": obj}
     if not isinstance(obj, dict):

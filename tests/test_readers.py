@@ -45,7 +45,9 @@ def test_json_and_gzip(tmp_path):
 
 @pytest.mark.parametrize("data, match", [
     (b"", "empty file"),
-    (b"\x00\x01\x02junk", "not a pickle, JSON or gzip"),
+    (b"\x00\x01\x02junk", "not a flight-recorder dump: a dump is a pickle, a JSON object or either gzipped"),
+    (b"null", "not a flight-recorder dump.*starts with b'nu'"),   # (valid JSON, but no dump)
+    (b"42\n", "not a flight-recorder dump.*starts with b'42'"),
     (pickle.dumps({"entries": list(range(100))})[:-20], "no complete entry before the cut"),
     (b"{not json", "not valid JSON"),
     (pickle.dumps("text"), "expected a dict"),
