@@ -474,11 +474,14 @@ def test_window_flags_rank_and_host_order_only_where_it_holds(make_job, placemen
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 60).map(float), min_size=1, max_size=12), st.sampled_from([1.0, 5.0, 20.0]),
+@given(st.lists(st.integers(-5, 60).map(float), min_size=1, max_size=12), st.sampled_from([1.0, 5.0, 20.0]),
        st.sampled_from([0.5, 1.0, 5.0]))
 @example([0.0, 3.0, 15.0, 18.0], 20.0, 1.0)   # half the deviations reach the bound, and the spread is past it
+@example([0.0, 0.0, 3.0, 3.0, 3.0, 40.0, 40.0], 20.0, 5.0)   # most past v = 20 / 8.4: medians, spread 25.2 ms
+@example([0.0, 0.0, 0.0, 2.0, 3.0], 20.0, 5.0)   # two of five past v: the count decides
+@example([-30.0, -30.0, 0.0], 20.0, 5.0)   # (lateness is never negative, but a negative value takes no shortcut)
 def test_threshold_shortcut_is_the_full_spread(late, min_late_ms, spread_factor):
-    """`_threshold` skips the second median when a count shows the floor decides: the answer is the formula's."""
+    """`_threshold` skips the medians when counts show the floor decides: the answer is the formula's."""
     opts = TimingOptions(min_late_ms=min_late_ms, spread_factor=spread_factor)
     series = pl.Series(late)
     med = series.median()
