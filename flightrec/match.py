@@ -225,8 +225,11 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl
 
 
 def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
-             pg_status: pl.DataFrame, tracks: pl.DataFrame) -> pl.DataFrame:
-    """How far each member of each group got. Uses pg_status where it is about collectives only."""
+             pg_status: pl.DataFrame, tracks: pl.DataFrame, groups: pl.DataFrame | None = None) -> pl.DataFrame:
+    """How far each member of each group got. Uses pg_status where it is about collectives only. `groups`
+    (the trace's) tells which is the default group, for ranks whose ring buffer rolled past a group."""
+    default_groups = (groups.filter(pl.col("pg_desc") == "default_pg").select("group") if groups is not None
+                      else members.clear().select("group"))
     per = (
         units   # in (rank, record) order: within a (group, rank), seq order; `last` below is the latest op
         .group_by("group", "rank")
@@ -263,15 +266,23 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
         (pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any()
          | ((pl.col("entry_count") == 0) & pl.col("_ran").fill_null(False))).alias("_unknown"),
     ).with_columns((~pl.col("_unknown")).alias("has_dump")).join(tracks, on="rank", how="left")
+    rolled_out = _rolled_out_status(per, members, pg_status, p2p_groups, trace_entries,
+                                    rank_info.filter(pl.col("has_dump") & pl.col("wrapped")).select("rank"),
+                                    default_groups)
     out = (
         members.join(per, on=["group", "rank"], how="left")
         .join(rank_info, on="rank", how="left")
+        .join(rolled_out, on=["group", "rank"], how="left")
         .with_columns(pl.col("has_dump").fill_null(False), pl.col("tracks_completion").fill_null(False))
         .with_columns(
             pl.when(pl.col("_unknown").fill_null(False)).then(None)
-            # A dump that never wrapped and has nothing in this group: the rank never enqueued anything in it.
             .when(pl.col("last_enqueued").is_not_null()).then("last_enqueued")
+            # A dump that never wrapped and has nothing in this group: the rank never enqueued anything in it.
             .when(pl.col("has_dump") & ~pl.col("wrapped").fill_null(True)).then(pl.lit(0))
+            # One that wrapped past the group: its counter, where it can be read (`_rolled_out_status`); never
+            # past the members whose entries show how far they got (it only tells who is behind)
+            .when(pl.col("has_dump") & pl.col("_st_enq").is_not_null())
+            .then(pl.min_horizontal("_st_enq", pl.col("last_enqueued").max().over("group")))
             .otherwise(None).alias("last_enqueued"),
             # (never past the newest entry: where p2p entries left the buffer, the counter may hold a p2p seq)
             pl.when(pl.col("tracks_completion") & ~pl.col("_has_p2p").fill_null(True) & pl.col("_st_done").is_not_null())
@@ -282,6 +293,49 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
         .with_columns((pl.col("frontier") - pl.col("last_enqueued")).alias("behind"))
     )
     return conform(out, PROGRESS).sort("group", "rank")
+
+
+def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.DataFrame, p2p_groups: pl.DataFrame,
+                       entries: pl.DataFrame, wrapped: pl.DataFrame, default_groups: pl.DataFrame) -> pl.DataFrame:
+    """(group, rank, _st_enq): how far a rank got in a group none of its entries is in, from its pg_status.
+
+    The ring buffer is one per rank, shared by all groups: a rank busy in its tensor- and pipeline-parallel
+    groups can roll its last data-parallel collectives out of it (`wrapped`: such ranks), and then only
+    pg_status says how far it got there. Its keys are local pg ids, which only the rank's entries tie to
+    groups: the default group's is 0, and then read where that leaves the rank one group and one key without
+    entries; and only where the rank's counters agree with its newest entries in every group they can be
+    checked on. Not for groups with sends and receives, whose seq some recorders count in."""
+    out = pl.DataFrame(schema={"group": per.schema["group"], "rank": pl.Int64, "_st_enq": pl.Int64})
+    candidates = (members.select("group", "rank").join(wrapped, on="rank", how="semi")
+                  .join(per.select("group", "rank"), on=["group", "rank"], how="anti")
+                  .join(p2p_groups, on="group", how="anti"))
+    if candidates.height == 0:
+        return out
+    ranks = candidates["rank"].unique()
+    # every group each of those ranks' entries show, sends and receives included (a few ranks: their slices)
+    shown = (entries.lazy().filter(pl.col("rank").is_in(ranks.implode())).select("group", "rank", "pg_id")
+             .drop_nulls().unique().collect())
+    status = pg_status.filter(pl.col("rank").is_in(ranks.implode())).select(
+        "rank", "pg_id", pl.col("last_enqueued").alias("_st"))
+    agrees = (per.filter(pl.col("rank").is_in(ranks.implode())).join(p2p_groups, on="group", how="anti")
+              .join(status, on=["rank", "pg_id"], how="inner")
+              .group_by("rank").agg((pl.col("_st") == pl.col("last_enqueued")).all().alias("_agrees")))
+    keys = status.join(shown, on=["rank", "pg_id"], how="anti")
+    groups = (members.select("group", "rank").filter(pl.col("rank").is_in(ranks.implode()))
+              .join(shown, on=["group", "rank"], how="anti"))
+    # The default group is the first a process makes: its local id is 0 (on every recorded dump we have)
+    default = (keys.filter(pl.col("pg_id") == 0)
+               .join(groups.join(default_groups, on="group", how="semi"), on="rank").select("rank", "pg_id", "group", "_st"))
+    keys = keys.join(default, on=["rank", "pg_id"], how="anti")
+    groups = groups.join(default, on=["rank", "group"], how="anti")
+    one_each = (keys.group_by("rank").agg(pl.len().alias("_k"), pl.col("_st").first())
+                .join(groups.group_by("rank").agg(pl.len().alias("_g"), pl.col("group").first()), on="rank")
+                .filter((pl.col("_k") == 1) & (pl.col("_g") == 1)))
+    paired = (pl.concat([default.select("rank", "group", "_st"), one_each.select("rank", "group", "_st")])
+              .join(agrees.filter(pl.col("_agrees")), on="rank", how="semi")
+              .join(candidates, on=["group", "rank"], how="semi"))
+    return conform(paired.select("group", "rank", pl.when(pl.col("_st") >= 0).then("_st").alias("_st_enq")),
+                   out.schema)
 
 
 # ---------------------------------------------------------------------------------------------- collectives
@@ -490,7 +544,7 @@ def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, du
     tracks = completion_by_rank(entries, dumps)
     completion = tracks_completion(tracks, entries)
     units = collective_units(entries, groups, completion)
-    prog = progress(units, entries, members, dumps, pg_status, tracks)
+    prog = progress(units, entries, members, dumps, pg_status, tracks, groups)
     colls = classify(units, prog)
     return Matching(
         units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog),

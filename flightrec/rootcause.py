@@ -24,8 +24,13 @@ _FIELD_WORDS = {"type_mismatch": "called", "dtype_mismatch": "used dtype", "size
 class _Context:
     """Lookups over the small frames the findings need."""
 
-    def __init__(self, trace: Trace, m: Matching, w: Waits, topo: Topology):
+    def __init__(self, trace: Trace, m: Matching, w: Waits, topo: Topology, timing: TimingResult | None = None):
         self.trace, self.m, self.w, self.topo = trace, m, w, topo
+        # (rank, _shift_ns): how far each rank's host clock is ahead, where timing found it off (else empty)
+        offsets = (timing.clock_offsets.filter(pl.col("clock_offset_ms") != 0).with_columns(pl.col("host").cast(pl.String))
+                   if timing is not None else pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64}))
+        self.clock_shift = (topo.frame().with_columns(pl.col("host").cast(pl.String)).join(offsets, on="host")
+                            .select("rank", (pl.col("clock_offset_ms") * 1e6).cast(pl.Int64).alias("_shift_ns")))
         self.groups = {
             g: ProcessGroupRef(name or "", desc or "", int(size))
             for g, name, desc, size in trace.groups.select("group", "pg_name", "pg_desc", "size").iter_rows()
@@ -172,6 +177,41 @@ def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:
     return out
 
 
+def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
+    """(dst, group, seq): collectives a root is waited on in that another one it is waited on comes before, in
+    some rank's program order: that rank recorded both, the other first, or recorded the other and never
+    reached this one. Enqueue times can't say it across hosts, whose clocks disagree. Where the order goes
+    both ways (ranks disagree), nothing is dropped for that root."""
+    cands = edges.filter(pl.col("kind") != "p2p").select("dst", "group", "seq").drop_nulls().unique()
+    none = cands.clear()
+    if cands.height < 2:
+        return none
+    rows = (ctx.m.units.lazy().select("group", pl.col("collective_seq_id").alias("seq"), "rank", "record_id")
+            .join(cands.lazy().select("group", "seq").unique(), on=["group", "seq"]).collect())
+    pairs = (cands.join(cands, on="dst", suffix="_b")
+             .filter((pl.col("group") != pl.col("group_b")) | (pl.col("seq") != pl.col("seq_b"))))
+    if pairs.height == 0:
+        return none
+    first = pairs.join(rows, on=["group", "seq"])   # a rank that recorded the earlier candidate, A
+    recorded_first = (first.join(rows.rename({"group": "group_b", "seq": "seq_b", "record_id": "_rec_b"}),
+                                 on=["group_b", "seq_b", "rank"])
+                      .filter(pl.col("record_id") < pl.col("_rec_b")))
+    never_reached = (first.join(ctx.m.progress.select(pl.col("group").alias("group_b"), "rank", "last_enqueued"),
+                                on=["group_b", "rank"])
+                     .filter(pl.col("last_enqueued") < pl.col("seq_b")))
+    before = pl.concat([f.select("dst", "group", "seq", "group_b", "seq_b") for f in (recorded_first, never_reached)])
+    before = before.unique()
+    # (a pair ordered both ways is no evidence: drop both directions)
+    both = before.join(before.select(pl.col("group_b").alias("group"), pl.col("seq_b").alias("seq"),
+                                     pl.col("group").alias("group_b"), pl.col("seq").alias("seq_b"), "dst"),
+                       on=["dst", "group", "seq", "group_b", "seq_b"], how="semi")
+    before = before.join(both, on=["dst", "group", "seq", "group_b", "seq_b"], how="anti")
+    preceded = before.select("dst", pl.col("group_b").alias("group"), pl.col("seq_b").alias("seq")).unique()
+    # never drop every candidate of a root (an order that goes round in a circle says nothing)
+    left = cands.join(preceded, on=["dst", "group", "seq"], how="anti").select("dst").unique()
+    return preceded.join(left, on="dst", how="semi")
+
+
 def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[Finding]:
     """Roots of the wait graph: ranks that others wait for and that wait for nobody."""
     roots = [r for r in ctx.w.roots if r not in explained and r not in stuck]
@@ -181,14 +221,18 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
     out = _missing_findings(ctx, missing, edges)
 
-    # A root is often waited on in several groups; name the op it should have run first: the one its peers
-    # enqueued earliest.
+    # A root is often waited on in several groups; name the op it should have run first: of those no other
+    # precedes in some rank's program order (`_preceded`: clock-free), the one its peers enqueued earliest.
     # (lazy, over the three columns it reads: an eager join copies every column of the matched units)
-    when = (ctx.m.units.lazy().select("group", "collective_seq_id", "time_created_ns")
+    # (on one clock: the hosts' offsets timing found are taken out)
+    when = (ctx.m.units.lazy().select("group", "collective_seq_id", "rank", "time_created_ns")
             .join(edges.lazy().select("group", pl.col("seq").alias("collective_seq_id")).unique(),
                   on=["group", "collective_seq_id"])
-            .group_by("group", "collective_seq_id").agg(pl.col("time_created_ns").min().alias("_t")).collect())
+            .join(ctx.clock_shift.lazy(), on="rank", how="left")
+            .group_by("group", "collective_seq_id")
+            .agg((pl.col("time_created_ns") - pl.col("_shift_ns").fill_null(0)).min().alias("_t")).collect())
     edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
+    edges = edges.join(_preceded(ctx, edges), on=["dst", "group", "seq"], how="anti")
     by_instance: dict[tuple[str, int | None, str], list[int]] = defaultdict(list)  # (group, seq, edge kind)
     for r in roots:
         if r in missing:
@@ -418,7 +462,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
              ) -> tuple[str, str, list[Finding]]:
     """Return (verdict, one-line summary, findings ordered root causes, symptoms, warnings).
     With `timing`, a member that joined a stuck collective past its timeout is named as its cause."""
-    ctx = _Context(trace, m, w, topo)
+    ctx = _Context(trace, m, w, topo, timing)
     roots: list[Finding] = []
     roots += _mismatch_findings(ctx)
     # ranks stuck in a mismatched collective are explained by it, whichever side they are on

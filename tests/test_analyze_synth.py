@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import polars as pl
 import pytest
 
 from flightrec import analyze, synth
@@ -169,3 +170,40 @@ def test_topology_rolls_hosts_up_to_their_switch(make_job, tmp_path):
     assert report.culprits["hosts"] == ["node00002", "node00003"]
     switch = next(f for f in report.findings if f.kind == "switch")
     assert switch.role == "root_cause" and switch.ranks == list(range(8, 16))
+
+
+@pytest.mark.parametrize("buffer_size, microbatches", [(10, 2), (200, 32)])
+def test_a_rank_whose_ring_buffer_rolled_past_its_data_parallel_group(make_job, buffer_size, microbatches):
+    """The ring buffer is one per rank across its groups: rank 5 ran so many tensor- and pipeline-parallel ops
+    after its last data-parallel all_reduce that none of its dp entries is left. Its pg_status still says how
+    far it got there (the key tied to the group by elimination, the default group's being 0): it is the rank
+    that never joined, not a host whose collectives hang on every member."""
+    job = synth.Job(tp=2, pp=2, dp=2, ranks_per_host=4, steps=6, buffer_size=buffer_size, microbatches=microbatches,
+                    fault=synth.Fault(kind="not_joined", rank=5, phase="dp"))
+    report, truth = run(make_job, job, per_host_folders=True)
+    kept = report.trace.entries.filter(pl.col("rank") == 5).join(report.trace.groups, on="group")["pg_desc"]
+    assert "dp" not in kept.to_list() and "default_pg" not in kept.to_list()   # (both rolled out: two keys)
+    assert report.root_causes[0].ranks == [5]
+    assert culprits(report) == ([5], ["node00001"], [])
+    root = report.root_causes[0]
+    assert (root.kind, root.process_group.desc, root.collective_seq_id) == ("not_joined", "dp", truth["collective_seq_id"])
+
+
+def test_the_op_a_culprit_missed_is_found_on_one_clock(make_job):
+    """Rank 5 never joins a tensor-parallel all_gather; its host's clock runs 3 s ahead. The op named is the
+    one it should have run first, in program order, not the one whose peers' raw enqueue time is earliest."""
+    import pickle
+
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, steps=4, fault=synth.Fault(kind="not_joined", rank=5))
+    out, truth = make_job(job, per_host_folders=True)
+    for path in (out / job.host_of(5)).iterdir():
+        dump = pickle.loads(path.read_bytes())   # (our own synthetic file)
+        for entry in dump["entries"]:
+            for key in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+                if entry.get(key):
+                    entry[key] += 3_000_000_000
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+    report = analyze(out)
+    root = report.root_causes[0]
+    assert root.ranks == [5]
+    assert (root.op, root.process_group.desc, root.collective_seq_id) == ("all_gather", "tp", truth["collective_seq_id"])
