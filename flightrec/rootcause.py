@@ -347,32 +347,45 @@ def _late_findings(ctx: _Context, loc: Location | None, timing: TimingResult | N
     return out, explained
 
 
+def _stuck_label(ctx: _Context, key: str) -> str:
+    """A stuck test's name: a group, or a pipeline pair "<group>:<src>-><dst>" (`locate.stuck_tests`)."""
+    if key in ctx.groups:
+        return ctx.groups[key].label()
+    group, sep, pair = key.rpartition(":")
+    if sep and group in ctx.groups:
+        return f"ranks {pair.replace('->', ' -> ')} in {ctx.groups[group].label()}"
+    return f"group {key}"
+
+
 def _stuck_findings(ctx: _Context, loc: Location | None, explained: set[int]) -> list[Finding]:
     if loc is None or not set(loc.stuck_ranks) - explained:
         return []
     n = len(loc.stuck_groups)
     evidence = {"stuck_groups": loc.stuck_groups[:50], "stuck_group_count": n, "healthy_groups": loc.healthy_groups,
                 "hosts_in_every_stuck_group": loc.candidates}
-    groups = [ctx.groups[g] for g in loc.stuck_groups if g in ctx.groups]
-    what = f"{n} collective{'s' if n != 1 else ''} ({', '.join(g.label() for g in groups[:3])}{', ...' if n > 3 else ''})"
+    labels = [_stuck_label(ctx, g) for g in loc.stuck_groups[:3]]
+    p2p = sum(g not in ctx.groups for g in loc.stuck_groups)
+    noun = ("collective" if p2p == 0 else "pipeline send/recv" if p2p == n else "operation") + ("s" if n != 1 else "")
+    what = f"{n} {noun} ({', '.join(labels)}{', ...' if n > 3 else ''})"
+    stuck = ("are in flight at both ends and completed at neither" if p2p == n else
+             "are in flight on every member and completed on none")
+    each = "group" if p2p == 0 else "pair" if p2p == n else "group or pair"
     if loc.links:
         a, b = loc.links[0]
         healthy = (f" and none of the {loc.healthy_groups:,} groups that kept completing does"
                    if loc.healthy_groups else "")
-        msg = (f"link {a} <-> {b}: {what} are in flight on every member and completed on none; every stuck group "
-               f"spans both hosts{healthy}")
+        msg = f"link {a} <-> {b}: {what} {stuck}; every stuck {each} spans both hosts{healthy}"
         return [Finding(kind="stuck_in_flight", role="root_cause", message=msg, links=loc.links, evidence=evidence)]
     if loc.hosts:
         ranks = [r for r in loc.stuck_ranks if ctx.topo.host_of.get(r) in loc.hosts]
         healthy = f" and in none of the {loc.healthy_groups:,} that kept completing" if loc.healthy_groups else ""
-        msg = (f"host {', '.join(loc.hosts)}: {what} are in flight on every member and completed on none; "
-               f"the host is in every stuck group{healthy}")
+        msg = f"host {', '.join(loc.hosts)}: {what} {stuck}; the host is in every stuck {each}{healthy}"
         return [Finding(kind="stuck_in_flight", role="root_cause", message=msg, ranks=ranks, hosts=loc.hosts,
                         evidence=evidence)]
     reason = "no host mapping (pass --hosts or --ranks-per-host)" if not ctx.topo.host_of else (
         f"{len(loc.candidates)} hosts are in every stuck group")
-    msg = (f"{what} are in flight on every member ({ctx.ranks_label(loc.stuck_ranks)}) and completed on none: "
-           f"a hang below the collective (GPU, NIC or link), not narrowed to one host or link: {reason}")
+    msg = (f"{what} {stuck} ({ctx.ranks_label(loc.stuck_ranks)}): a hang below the collective (GPU, NIC or link), "
+           f"not narrowed to one host or link: {reason}")
     return [Finding(kind="stuck_in_flight", role="symptom", message=msg, ranks=loc.stuck_ranks, evidence=evidence)]
 
 

@@ -411,14 +411,15 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
     out = []
     host_stragglers = result.per_host.filter(pl.col("straggler"))
     covered: set[int] = set()
-    for host, ranks, med, bar, tied in host_stragglers.select(
-            "host", "ranks", "median_late_ms", "threshold_ms", "tied_with").iter_rows():
+    for host, ranks, med, bar, tied, offset in host_stragglers.select(
+            "host", "ranks", "median_late_ms", "threshold_ms", "tied_with", "clock_offset_ms").iter_rows():
         covered |= set(ranks)
         out.append(Finding(
             kind="straggler", role="warning", ranks=list(ranks), hosts=[host],
             message=(f"host {host} is a straggler: its {len(ranks)} ranks ({format_ranks(ranks)}) enqueue their "
-                     f"collectives {med:,.0f} ms after their peers (median), clock offset removed{_tie_text(tied)}"),
+                     f"collectives {med:,.0f} ms after their peers (median){_clock_text(offset)}{_tie_text(tied)}"),
             evidence={"median_late_ms": round(med, 3), "threshold_ms": round(bar, 3),
+                      "clock_offset_ms": None if offset is None else round(offset, 3),
                       **({"tied_with": tied} if tied else {})},
         ))
     flagged = result.per_rank.filter(pl.col("straggler") & ~pl.col("rank").is_in(list(covered)))
@@ -510,6 +511,17 @@ def _p2p_findings(result: TimingResult) -> list:
             evidence={"median_ms": [round(a_ms, 3), round(b_ms, 3)], "baseline_ms": round(base, 3)},
         ))
     return out
+
+
+def _clock_text(offset: float | None) -> str:
+    """What is known of the host's clock: a late host and a host whose clock runs ahead look alike."""
+    if offset is None:
+        return ("; its clock offset can't be told apart (no completion times in these dumps, as with Gloo or no "
+                "cross-host collective): a clock running ahead reads the same")
+    if offset == 0:
+        return (f"; its clock agrees with the other hosts' within the watchdog's {WATCHDOG_POLL_MS:.0f} ms polling "
+                "noise (a clock off by less than about half of that can still read as late)")
+    return f", after removing its clock offset of {offset:+,.0f} ms"
 
 
 def _tie_text(tied: list) -> str:

@@ -119,6 +119,17 @@ def test_dead_link_between_two_hosts(make_job):
     assert report.summary.startswith("FAULT: link node00001 <-> node00002")
 
 
+def test_a_dead_link_under_the_pipeline_names_the_stuck_pairs(make_job):
+    """The stuck tests are send/recv pairs, not groups: the message names each pair and its group."""
+    job = synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, steps=4,
+                    fault=synth.Fault(kind="dead_link", hosts=("node00000", "node00001"), phase="p2p"))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert culprits(report) == ([], [], [["node00000", "node00001"]])
+    assert report.summary == (
+        "FAULT: link node00000 <-> node00001: 2 pipeline send/recvs (ranks 0 -> 2 in group 5 (desc 'pp'), ranks 1 -> 3 "
+        "in group 6 (desc 'pp')) are in flight at both ends and completed at neither; every stuck pair spans both hosts")
+
+
 def test_dead_link_inside_groups_that_span_every_host_is_inconclusive(make_job):
     """Every stuck group spans the same four hosts: no test separates them, so no host is guessed."""
     job = synth.Job(tp=2, pp=1, dp=4, ranks_per_host=2,

@@ -44,6 +44,33 @@ def test_straggler_rank(make_job):
 def test_straggler_host(make_job):
     report = _run(make_job, "straggler_host", hosts=("node00001",))
     assert _timing_findings(report) == [("straggler", [2, 3], ["node00001"], [])]
+    finding = next(f for f in report.findings if f.kind == "straggler")
+    # (what is known of its clock, said as it is: here its offset was estimated and found within the noise)
+    assert "its clock agrees with the other hosts' within the watchdog's 100 ms polling noise" in finding.message
+    assert finding.evidence["clock_offset_ms"] == 0
+
+
+def test_a_late_host_on_gloo_is_not_said_to_have_its_clock_corrected(tmp_path):
+    """Gloo records no completion times: a host whose clock runs ahead can't be told from a late one, and
+    the finding says so instead of "clock offset removed" (fixtures/straggler_pipeline, node1 500 ms ahead)."""
+    import pickle
+    import shutil
+
+    from flightrec.readers import read_dump
+
+    out = tmp_path / "shifted"
+    shutil.copytree(FIXTURES / "straggler_pipeline", out)
+    for path in (out / "node1").iterdir():
+        dump, _ = read_dump(path)
+        for entry in dump["entries"]:
+            entry["time_created_ns"] += 500_000_000
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False)
+    host = next(f for f in report.findings if f.kind == "straggler" and f.hosts == ["node1"])
+    assert "its clock offset can't be told apart (no completion times in these dumps" in host.message
+    assert host.evidence["clock_offset_ms"] is None
 
 
 def test_slow_link(make_job):
@@ -487,3 +514,25 @@ def test_threshold_shortcut_is_the_full_spread(late, min_late_ms, spread_factor)
     med = series.median()
     want = max(min_late_ms, med + spread_factor * 1.4826 * (series - med).abs().median())
     assert _threshold(series, opts) == pytest.approx(want)
+
+
+def test_a_late_host_whose_clock_is_off_says_by_how_much_it_was_corrected(make_job):
+    """A straggler host whose clock also runs 300 ms behind: the offset is estimated from completion times,
+    removed, and given in the finding."""
+    import pickle
+
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, steps=4, fault=synth.Fault(kind="straggler_host", hosts=("node00001",)))
+    out, _ = make_job(job, per_host_folders=True)
+    for path in (out / "node00001").iterdir():
+        dump = pickle.loads(path.read_bytes())   # (our own synthetic file)
+        for entry in dump["entries"]:
+            for key in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+                if entry.get(key):
+                    entry[key] -= 300_000_000
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False)
+    host = next(f for f in report.findings if f.kind == "straggler" and f.hosts == ["node00001"])
+    assert -330 < host.evidence["clock_offset_ms"] < -270
+    assert f", after removing its clock offset of {host.evidence['clock_offset_ms']:+,.0f} ms" in host.message
