@@ -218,8 +218,14 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
     edges = ctx.w.edges.filter(pl.col("dst").is_in([f"r:{r}" for r in roots]))
     # A missing dump whose waiters are all stuck in a mismatched collective is explained by the mismatch.
     missing = [r for r in roots if r not in ctx.has_dump and not set(ctx.w.waiters_of([r])) <= explained]
+    # So is one whose waiters all wait on a rank whose own dump shows it behind: that rank explains the hang,
+    # while how far the missing one got is unknown (a warning names it, `_warning_findings`).
+    provable = [r for r in roots if r in ctx.has_dump]
+    if provable and missing:
+        covered = set(ctx.w.waiters_of(provable)) | set(provable)
+        missing = [r for r in missing if not set(ctx.w.waiters_of([r])) <= covered]
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
-    out = _missing_findings(ctx, missing, edges)
+    out: list[Finding] = []
 
     # A root is often waited on in several groups; name the op it should have run first: of those no other
     # precedes in some rank's program order (`_preceded`: clock-free), the one its peers enqueued earliest.
@@ -260,7 +266,8 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
             evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing)},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
-    return out
+    # (ranks whose dumps prove them behind come first: how far a rank with no dump got is unknown)
+    return out + _missing_findings(ctx, missing, edges)
 
 
 def _stopped_note(ctx: _Context, rank: int, doing: str) -> str:
@@ -434,13 +441,17 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
     return out
 
 
-def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[int]) -> list[Finding]:
+def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[int],
+                      culprits: set[int] = frozenset()) -> list[Finding]:
     out = []
     missing = [r for r in ctx.trace.missing_ranks if r not in reported_missing]
     if missing:
         waited_on = [r for r in missing if ctx.w.waiters_of([r])]
-        why = ("the ranks waiting on it are stuck in the root cause above" if waited_on and
-               set(ctx.w.waiters_of(waited_on)) <= explained else
+        waiters = set(ctx.w.waiters_of(waited_on))
+        behind = sorted(culprits & ctx.has_dump)
+        why = ("the ranks waiting on it are stuck in the root cause above" if waited_on and waiters <= explained else
+               f"the ranks waiting on it wait on {ctx.ranks_label(behind)} too, whose dump shows it behind"
+               if waited_on and behind and waiters <= set(ctx.w.waiters_of(behind)) | set(behind) else
                f"no loaded rank is provably waiting on {'it' if len(missing) == 1 else 'them'}")
         out.append(Finding(kind="missing_dump", role="warning", ranks=missing, hosts=ctx.topo.hosts(missing),
                            message=f"{ctx.ranks_label(missing)} left no dump; {why}",
@@ -503,7 +514,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
     symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
-    warnings = _warning_findings(ctx, reported_missing, explained)
+    warnings = _warning_findings(ctx, reported_missing, explained, culprits)
     findings += symptoms + warnings
 
     if any(f.role == "root_cause" for f in findings):

@@ -218,3 +218,28 @@ def test_the_op_a_culprit_missed_is_found_on_one_clock(make_job):
     root = report.root_causes[0]
     assert root.ranks == [5]
     assert (root.op, root.process_group.desc, root.collective_seq_id) == ("all_gather", "tp", truth["collective_seq_id"])
+
+
+def test_a_rank_that_left_no_dump_comes_after_the_one_whose_dump_proves_it_behind(make_job):
+    """Rank 5 never joins a tensor-parallel all_gather; its tp peer rank 6 left no dump. How far rank 6 got is
+    unknown: the headline names rank 5, whose own dump shows it behind."""
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=2, steps=3, fault=synth.Fault(kind="not_joined", rank=5))
+    out, truth = make_job(job, per_host_folders=True)
+    (out / job.host_of(6) / "nccl_trace_rank_6").unlink()
+    report = analyze(out)
+    first = report.root_causes[0]
+    assert (first.kind, first.ranks, first.collective_seq_id) == ("not_joined", [5], truth["collective_seq_id"])
+    assert report.summary.startswith("FAULT: rank 5 (host node00002) never joined all_gather")
+
+
+def test_a_rank_that_left_no_dump_is_a_warning_when_its_waiters_wait_on_a_proven_culprit(make_job):
+    """One tensor-parallel group: rank 1 never joins; rank 2 left no dump. Everyone who waits on rank 2 waits
+    on rank 1 too, whose dump proves it behind: rank 1 explains the hang, rank 2 is a warning."""
+    job = synth.Job(tp=4, pp=1, dp=1, steps=3, fault=synth.Fault(kind="not_joined", rank=1))
+    out, _ = make_job(job)
+    (out / "nccl_trace_rank_2").unlink()
+    report = analyze(out)
+    assert culprits(report) == ([1], [], [])
+    warning = next(f for f in report.findings if f.kind == "missing_dump")
+    assert warning.role == "warning" and warning.ranks == [2]
+    assert warning.message == "rank 2 left no dump; the ranks waiting on it wait on rank 1 too, whose dump shows it behind"
