@@ -268,7 +268,7 @@ class _Sim:
                 op.in_sizes = [[s[0] * 2] for s in op.in_sizes]
                 op.out_sizes = [[s[0] * 2] for s in op.out_sizes]
             elif f.kind == "dtype_mismatch":
-                op.dtype = "Float"
+                op.dtype = "Float" if op.dtype != "Float" else "BFloat16"   # (dp all_reduces are Float already)
             else:
                 op.name = "all_reduce" if op.name != "all_reduce" else "broadcast"
                 op.out_sizes = op.in_sizes

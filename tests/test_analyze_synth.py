@@ -81,12 +81,14 @@ def test_whole_host_down_named_from_per_host_folders(make_job):
 
 
 @pytest.mark.parametrize("kind", ["size_mismatch", "type_mismatch", "dtype_mismatch"])
-def test_mismatch_minority(make_job, kind):
-    job = synth.Job(tp=4, pp=2, dp=2, fault=synth.Fault(kind=kind, rank=5))
+@pytest.mark.parametrize("phase", ["tp", "dp"])
+def test_mismatch_minority(make_job, kind, phase):
+    job = synth.Job(tp=4, pp=2, dp=4, fault=synth.Fault(kind=kind, rank=5, phase=phase))
     report, truth = run(make_job, job)
     assert culprits(report)[0] == [5]
     root = report.root_causes[0]
     assert root.kind == "mismatch" and root.collective_seq_id == truth["collective_seq_id"]
+    assert root.process_group.desc == phase
     assert root.evidence["ambiguous"] is False
 
 
