@@ -338,11 +338,11 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
     check_replaceable(out)   # (before the parse, which can take minutes)
     opts = _load_opts(prefix, world_size, no_cache, workers, None)
     write_shard(load_raw(dump_dir, opts), out, source=str(dump_dir), host=host)
-    written = list(TABLES)
+    click.echo(f"wrote the shard to {out}: {', '.join(TABLES)}")
     if not shard_only:
         trace = load(out, opts)
-        written += [p.stem for p in views.export_parquet(trace, run_match(trace), out / "frames")]
-    click.echo(f"wrote {len(written)} Parquet tables to {out}: {', '.join(written)}")
+        frames = [p.stem for p in views.export_parquet(trace, run_match(trace), out / "frames")]
+        click.echo(f"wrote {len(frames)} Parquet tables to {out / 'frames'}: {', '.join(frames)}")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,9 @@ class Report:
             text += f"; missing: ranks {format_ranks(d.missing_ranks)}"
         if d.refused:
             text += f"; {len(d.refused)} file(s) refused"
+        if d.host_source == "ranks per host":
+            text += ("; host names are numbered from --ranks-per-host (host<k> holds the k-th run of ranks), not "
+                     "read from the job: map them to real hosts before draining")
         return text
 
     def to_markdown(self) -> str:

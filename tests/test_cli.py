@@ -71,6 +71,10 @@ def test_hosts_file_and_ranks_per_host(runner, make_job, tmp_path):
     assert data["dumps"]["host_source"] == "hosts file"
     data = json.loads(runner.invoke(main, ["analyze", str(out), "-f", "json", "--ranks-per-host", "8"]).stdout)
     assert data["culprits"]["hosts"] == ["host0"]
+    assert data["dumps"]["host_source"] == "ranks per host"
+    text = runner.invoke(main, ["analyze", str(out), "--ranks-per-host", "8"]).stdout   # (numbered, not real names)
+    assert "host names are numbered from --ranks-per-host" in text
+    assert "numbered" not in runner.invoke(main, ["analyze", str(out), "--hosts", str(hosts)]).stdout
     hosts_json = tmp_path / "hosts.json"
     hosts_json.write_text(json.dumps({str(r): f"n{r}" for r in range(16)}))
     data = json.loads(runner.invoke(main, ["analyze", str(out), "-f", "json", "--hosts", str(hosts_json)]).stdout)
@@ -142,6 +146,9 @@ def test_load_entries_stacks_groups_convert(runner, hung, tmp_path):
     result = runner.invoke(main, ["convert", str(hung), str(out)])
     assert result.exit_code == 0 and (out / "entries.parquet").exists()
     assert (out / "frames" / "collectives.parquet").exists()
+    said = result.stdout.splitlines()   # (what went where, each table named once)
+    assert said[0] == f"wrote the shard to {out}: dumps, entries, pg_config, rank_lists, pg_status, stacks"
+    assert said[1].startswith(f"wrote {len(list((out / 'frames').iterdir()))} Parquet tables to {out / 'frames'}: ")
     # the export is itself a shard: analysing it reads Parquet only and gives the same answer
     a = json.loads(runner.invoke(main, ["analyze", str(out), "-f", "json"]).stdout)
     b = json.loads(runner.invoke(main, ["analyze", str(hung), "-f", "json"]).stdout)
