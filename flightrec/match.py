@@ -243,10 +243,10 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
             pl.col("pg_id").first(),
         )
     )
-    # How far a rank got in a group is its newest entry there: the ring buffer drops the oldest entries, so a
-    # group's newest one is always kept. pg_status's enqueued counter is not used for it: after a p2p op it
-    # holds the p2p seq, and Gloo does not record its sends and receives at all (a pipeline's 80 sends and
-    # receives on the default group read as 80 collectives no entry shows: fixtures/straggler_pipeline).
+    # How far a rank got in a group is its newest entry there (the ring buffer drops the oldest entries; where
+    # it dropped all of a group's, see `_rolled_out_status`). pg_status's enqueued counter is not used for it:
+    # after a p2p op it holds the p2p seq, and Gloo does not record its sends and receives at all (a pipeline's
+    # 80 sends and receives on the default group read as 80 collectives no entry shows: fixtures/straggler_pipeline).
     # Its completed counter is read only where the recorder tracks completion and no p2p entry is seen.
     p2p_groups = trace_entries.lazy().filter(pl.col("is_p2p")).select("group").unique().collect()
     status = pg_status.rename({"last_completed": "_st_done"}).select("rank", "pg_id", "_st_done")
@@ -325,7 +325,8 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
               .join(shown, on=["group", "rank"], how="anti"))
     # The default group is the first a process makes: its local id is 0 (on every recorded dump we have)
     default = (keys.filter(pl.col("pg_id") == 0)
-               .join(groups.join(default_groups, on="group", how="semi"), on="rank").select("rank", "pg_id", "group", "_st"))
+               .join(groups.join(default_groups, on="group", how="semi"), on="rank")
+               .select("rank", "pg_id", "group", "_st"))
     keys = keys.join(default, on=["rank", "pg_id"], how="anti")
     groups = groups.join(default, on=["rank", "group"], how="anti")
     one_each = (keys.group_by("rank").agg(pl.len().alias("_k"), pl.col("_st").first())

@@ -27,8 +27,9 @@ class _Context:
     def __init__(self, trace: Trace, m: Matching, w: Waits, topo: Topology, timing: TimingResult | None = None):
         self.trace, self.m, self.w, self.topo = trace, m, w, topo
         # (rank, _shift_ns): how far each rank's host clock is ahead, where timing found it off (else empty)
-        offsets = (timing.clock_offsets.filter(pl.col("clock_offset_ms") != 0).with_columns(pl.col("host").cast(pl.String))
-                   if timing is not None else pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64}))
+        offsets = (timing.clock_offsets.filter(pl.col("clock_offset_ms") != 0)
+                   .with_columns(pl.col("host").cast(pl.String)) if timing is not None
+                   else pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64}))
         self.clock_shift = (topo.frame().with_columns(pl.col("host").cast(pl.String)).join(offsets, on="host")
                             .select("rank", (pl.col("clock_offset_ms") * 1e6).cast(pl.Int64).alias("_shift_ns")))
         self.groups = {

@@ -129,7 +129,8 @@ def test_a_dead_link_under_the_pipeline_names_the_stuck_pairs(make_job):
     assert culprits(report) == ([], [], [["node00000", "node00001"]])
     assert report.summary == (
         "FAULT: link node00000 <-> node00001: 2 pipeline send/recvs (ranks 0 -> 2 in group 5 (desc 'pp'), ranks 1 -> 3 "
-        "in group 6 (desc 'pp')) are in flight at both ends and completed at neither; every stuck pair spans both hosts")
+        "in group 6 (desc 'pp')) are in flight at both ends and completed at neither; every stuck pair spans both "
+        "hosts")
 
 
 def test_dead_link_inside_groups_that_span_every_host_is_inconclusive(make_job):
@@ -199,7 +200,8 @@ def test_a_rank_whose_ring_buffer_rolled_past_its_data_parallel_group(make_job, 
     assert report.root_causes[0].ranks == [5]
     assert culprits(report) == ([5], ["node00001"], [])
     root = report.root_causes[0]
-    assert (root.kind, root.process_group.desc, root.collective_seq_id) == ("not_joined", "dp", truth["collective_seq_id"])
+    want = ("not_joined", "dp", truth["collective_seq_id"])
+    assert (root.kind, root.process_group.desc, root.collective_seq_id) == want
 
 
 def test_the_op_a_culprit_missed_is_found_on_one_clock(make_job):
@@ -219,7 +221,8 @@ def test_the_op_a_culprit_missed_is_found_on_one_clock(make_job):
     report = analyze(out)
     root = report.root_causes[0]
     assert root.ranks == [5]
-    assert (root.op, root.process_group.desc, root.collective_seq_id) == ("all_gather", "tp", truth["collective_seq_id"])
+    want = ("all_gather", "tp", truth["collective_seq_id"])
+    assert (root.op, root.process_group.desc, root.collective_seq_id) == want
 
 
 def test_a_rank_that_left_no_dump_comes_after_the_one_whose_dump_proves_it_behind(make_job):
@@ -244,4 +247,5 @@ def test_a_rank_that_left_no_dump_is_a_warning_when_its_waiters_wait_on_a_proven
     assert culprits(report) == ([1], [], [])
     warning = next(f for f in report.findings if f.kind == "missing_dump")
     assert warning.role == "warning" and warning.ranks == [2]
-    assert warning.message == "rank 2 left no dump; the ranks waiting on it wait on rank 1 too, whose dump shows it behind"
+    assert warning.message == ("rank 2 left no dump; the ranks waiting on it wait on rank 1 too, whose dump shows "
+                               "it behind")

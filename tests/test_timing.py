@@ -521,7 +521,8 @@ def test_a_late_host_whose_clock_is_off_says_by_how_much_it_was_corrected(make_j
     removed, and given in the finding."""
     import pickle
 
-    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, steps=4, fault=synth.Fault(kind="straggler_host", hosts=("node00001",)))
+    job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=4, steps=4,
+                    fault=synth.Fault(kind="straggler_host", hosts=("node00001",)))
     out, _ = make_job(job, per_host_folders=True)
     for path in (out / "node00001").iterdir():
         dump = pickle.loads(path.read_bytes())   # (our own synthetic file)
