@@ -21,15 +21,19 @@ if TYPE_CHECKING:
     from .timing import TimingOptions
 
 
-def drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: float,
-                      opts: TimingOptions) -> pl.DataFrame:
+def drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: float, opts: TimingOptions,
+                      clocks_known: bool = True) -> pl.DataFrame:
     """A straggler is late in every group it is in; a rank that only waits on one is not. Waiting spreads the
     delay: the straggler's tensor-parallel peers wait for it, then reach their data-parallel collectives late;
     pipeline neighbours receive late, and so on (a 150 ms straggler made eleven other ranks 20-840 ms late in a
     4 x 4 x 8 job). But in the group it shares with the straggler, a waiting rank arrives on time: its peers
     were delayed as much. So a flagged rank stays a straggler only if its median lateness is over half the
     threshold in each of its groups where it has `min_collectives` collectives that another member recorded
-    too (alone in a collective, a rank whose peers left no dump is 0 ms late against itself)."""
+    too (alone in a collective, a rank whose peers left no dump is 0 ms late against itself).
+
+    Without `clocks_known` (no completion times, as with Gloo) lateness across hosts is clock
+    offset too: a host whose clock runs ahead makes the straggler look on time in its cross-host groups, and
+    its own ranks look late. Then a rank with such groups on its own host is judged on those only."""
     flagged = per_rank.filter(pl.col("straggler")).select("rank")
     if flagged.height == 0:
         return per_rank
@@ -38,10 +42,12 @@ def drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: floa
     shared = (late.join(theirs.select(key).unique(), on=key, how="semi").group_by(key).len()
               .filter(pl.col("len") >= 2).select(key))
     by_group = (theirs.join(shared, on=key, how="semi").group_by("rank", "group")
-                .agg(pl.len().alias("_n"), pl.col("late_ms").median().alias("_med"))
-                .filter(pl.col("_n") >= opts.min_collectives)
-                .group_by("rank").agg((pl.col("_med") > threshold / 2).all().alias("_everywhere")))
-    return (per_rank.join(by_group, on="rank", how="left")
+                .agg(pl.len().alias("_n"), pl.col("late_ms").median().alias("_med"),
+                     (~pl.col("cross").any() | clocks_known).alias("_clock_safe"))
+                .filter(pl.col("_n") >= opts.min_collectives))
+    judged = by_group.filter(pl.col("_clock_safe").any().over("rank").not_() | pl.col("_clock_safe"))
+    verdict = judged.group_by("rank").agg((pl.col("_med") > threshold / 2).all().alias("_everywhere"))
+    return (per_rank.join(verdict, on="rank", how="left")
             .with_columns(pl.col("straggler") & pl.col("_everywhere").fill_null(True)).drop("_everywhere"))
 
 

@@ -5,7 +5,7 @@ earliest member's. Hosts' clocks disagree, so first each host's clock offset is 
 times (a collective ends at the same instant on every member: the spread of its discovered completion times
 is clock offset plus polling jitter) and removed. A straggler is a rank late on most of its collectives, by
 a margin far outside the spread of its peers. Without completion times (Gloo) offsets can't be separated from
-lateness; on one host there is nothing to separate.
+lateness (so a rank is judged within its host where it can be); on one host there is nothing to separate.
 
 Slow collectives: a group whose collectives take much longer than the same op with the same shapes in its
 peer groups (same desc) is slow; the hosts (pairs) common to every slow group and to no fast one are the
@@ -389,7 +389,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
                per_host.select("host", pl.col("straggler").alias("_flagged")))
     late = late.clone()
     late.drop_in_place("_h")   # (in place: `drop` goes through a lazy plan, 3 ms at 850K rows in 49 chunks)
-    per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts)
+    per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts,
+                                      clocks_known=offsets.height == host_ids.height)
     per_rank, per_host = echoes.drop_pipeline_echoes(per_rank, per_host, entries, topo)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
@@ -438,6 +439,7 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
                       **({"tied_with": tied} if tied else {})},
         ))
     flagged = result.per_rank.filter(pl.col("straggler") & ~pl.col("rank").is_in(list(covered)))
+    clocks_unknown = result.per_host.height > 1 and result.per_host["clock_offset_ms"].null_count() > 0
     by_kind = _lateness_by_group_kind(result.lateness, flagged["rank"], groups)
     for row in flagged.iter_rows(named=True):
         descs = sorted({desc.get(g, "") for g in row["groups"]} - {""})
@@ -448,6 +450,8 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
         # three of them; its least late kind of group is its own delay)
         split = (f"; by group: {', '.join(f'{k} {v:,.0f}' for k, v in sorted(kinds.items(), key=lambda kv: kv[1]))} ms"
                  if len(kinds) > 1 else "")
+        if split and clocks_unknown:
+            split += "; judged within its host: no completion times to align the hosts' clocks"
         out.append(Finding(
             kind="straggler", role="warning", ranks=[row["rank"]], hosts=[row["host"]] if row["host"] else [],
             message=(f"rank {row['rank']}{host} is a straggler: it enqueues its collectives "
