@@ -302,7 +302,7 @@ def _fields(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) 
 
 
 def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, pa.Array, dict[int, list]]:
-    if len(tape.dense_codes(entry_ids, len(t.kind))[0]) != len(entry_ids) or (
+    if len(tape.dense_codes(entry_ids, t.code_table())[0]) != len(entry_ids) or (
             len(entry_ids) and (t.kind[entry_ids] != DICT).any()):
         raise _Unsupported
     field = _fields(t, g, entry_ids, (*RAW_FIELDS, "frames"))
@@ -430,8 +430,20 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
         parts.append((vid, present))
         content += [present.astype(np.int64), value]
     codes = _row_codes(content)
-    code_of_object = np.full(len(t.kind), -1, np.int64)
-    code_of_object[distinct] = codes
+    # Per object: its frame's code, then its frame's index in `distinct`, in the tape's table of -1 (one made
+    # here per call cost 6 ms at 1,024 files, twice), which is left as it was found.
+    per_object = t.code_table()
+    try:
+        return _stack_ids(t, g, per_object, distinct, codes, lists, has, parts)
+    finally:
+        per_object[distinct] = -1
+
+
+def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.ndarray, codes: np.ndarray,
+               lists: np.ndarray, has: np.ndarray, parts: list) -> tuple[pa.Array, dict[int, list]]:
+    """`_stacks`' second half: stacks grouped by their frames' codes, then an id and frames per distinct one.
+    `per_object` (-1 each) is free to write at `distinct`."""
+    per_object[distinct] = codes
     # each stack: the sum of its frames' keys, each times PRIME^(its place), and its length (compiled)
     key_of_object = np.zeros(len(t.kind), np.uint64)
     with np.errstate(over="ignore"):
@@ -440,18 +452,16 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
     rows = np.flatnonzero(has)
     _, first, inverse = np.unique(seq_key[rows], return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
-    if not tape.same_sequences(t, g.order, g.start, g.count, lists[rows], lists[rows[first][inverse]],
-                               code_of_object):
+    if not tape.same_sequences(t, g.order, g.start, g.count, lists[rows], lists[rows[first][inverse]], per_object):
         by_codes: dict[tuple, int] = {}
-        inverse = np.array([by_codes.setdefault(tuple(code_of_object[g.children(int(lists[row]))].tolist()),
+        inverse = np.array([by_codes.setdefault(tuple(per_object[g.children(int(lists[row]))].tolist()),
                                                 len(by_codes)) for row in rows], dtype=np.int64)
         first = np.unique(inverse, return_index=True)[1]
-    index_of = np.full(len(t.kind), -1, np.int64)
-    index_of[distinct] = np.arange(len(distinct))
+    per_object[distinct] = np.arange(len(distinct))
     stacks: dict[int, list] = {}
     sid_of_key = np.empty(len(first), np.uint64)
     for j, row in enumerate(rows[first]):
-        members = index_of[g.children(int(lists[row]))].tolist()
+        members = per_object[g.children(int(lists[row]))].tolist()
         objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
                     for (name, allowed), (vid, present) in zip((("name", STR), ("filename", STR), ("line", INT)),
                                                                parts)} for f in members]
@@ -459,6 +469,6 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
         sid_of_key[j] = sid
         stacks.setdefault(sid, [{"name": _as_str(f["name"]), "filename": _as_str(f["filename"]),
                                  "line": _as_int(f["line"])} for f in objects])
-    out = np.zeros(n, np.uint64)
+    out = np.zeros(len(lists), np.uint64)
     out[rows] = sid_of_key[inverse]
     return pa.array(out, type=pa.uint64(), mask=~has), stacks

@@ -297,3 +297,22 @@ def test_a_key_python_cannot_hash_declines_the_file_without_raising():
     with pytest.raises(TypeError):
         pickle.loads(data)
     assert fastflat.flatten_pickles([data], [0]) == (None, [])
+
+
+@pytest.mark.parametrize("colliding", [False, True])
+def test_the_tapes_table_of_codes_is_left_as_found_after_every_pass(monkeypatch, colliding):
+    """The passes over a batch share one table of -1 per object (`Tape.code_table`: made per pass it was a
+    third of the reading time), each resetting what it wrote: a stale code would merge two texts or frames of
+    a later pass. Checked after a whole batch, also with every stack hash colliding (the slower path)."""
+    tapes = []
+    read_many = tape.read_many
+    monkeypatch.setattr(tape, "read_many", lambda *a, **k: tapes.append(read_many(*a, **k)) or tapes[-1])
+    if colliding:
+        monkeypatch.setattr(tape, "sequence_keys",
+                            lambda t, order, start, count, parents, keys: np.zeros(len(parents), np.uint64))
+    datas = [p.read_bytes() for p in PICKLES[:8]]
+    got, read = fastflat.flatten_pickles(datas, list(range(len(datas))))
+    assert read == list(range(len(datas)))
+    _same(merge_parts([flatten_dump(pickle.loads(d), rank) for rank, d in enumerate(datas)]), got)
+    t = tapes[0][0]
+    assert "code_of" in t._scratch and (t.code_table() == -1).all()
