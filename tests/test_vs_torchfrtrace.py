@@ -81,3 +81,16 @@ def test_late_rank_it_calls_clean_we_name_the_rank_that_made_it_time_out():
     assert output == [] and "[exit code: 0]" in run  # every rank enqueued seq 8: nothing wrong for it
     report = _analyze("late_rank")
     assert (report.verdict, report.culprits["ranks"], report.root_causes[0].kind) == ("fault", [2], "straggler")
+
+
+@pytest.mark.parametrize("case", ["rolled_past_dp", "rolled_past_default"])
+def test_rolled_past_it_names_rank_5_once_given_the_real_layout(case):
+    """With pg_config rebuilt it reports rank 5 missing from the collective it skipped (for rolled_past_dp after
+    the tp symptom on node0), whether or not rank 5 still has entries of that group: it reads membership from
+    pg_config. flightrec's side of it: tests/test_fixtures.py::test_rolled_past_rank_5_is_named_from_its_pg_status."""
+    _, second = golden(case)
+    fault = expected(case)["fault"]
+    reports = second.split("Not all ranks joining collective, sequence number: ")[1:]
+    group = f"group info: {fault['process_group_name']}:{fault['process_group_desc']}\n"
+    hits = [b for b in reports if b.startswith(f"{fault['collective_seq_id']}\n") and group in b]
+    assert len(hits) == 1 and "missing ranks: {5}\n" in hits[0]
