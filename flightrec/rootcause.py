@@ -165,6 +165,10 @@ def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:
     for ranks, groups in ctx.w.cycles:
         if explained & set(ranks):
             continue
+        odd = _odd_one_out(ctx, ranks, groups)
+        if odd is not None:
+            out.append(odd)
+            continue
         labels = [ctx.groups[g].label() if g in ctx.groups else f"group {g}" for g in groups]
         doing = {r: ctx.describe_last(r) for r in ranks[:6]}
         msg = (f"deadlock: {ctx.ranks_label(ranks)} wait for each other across {', '.join(labels)}: "
@@ -176,6 +180,40 @@ def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
     return out
+
+
+def _odd_one_out(ctx: _Context, ranks: list[int], groups: list[str]) -> Finding | None:
+    """A wait cycle where one rank alone holds up a group while the others it waits on are held up there by
+    it: that rank skipped the group's collective and went on (its ring buffer may have rolled past the group:
+    pg_status placed it), or called the two in the other order. Both read the same in the dumps; it is the odd
+    one out, and a fix goes there. With two or more such ranks (A ran g1 first, B g2) the cycle is a deadlock
+    with no side to blame. Returns a not_joined finding that names the deadlock, or None."""
+    nodes = [f"r:{r}" for r in ranks]
+    held = (ctx.w.edges.filter(pl.col("src").is_in([f"g:{g}" for g in groups]) & pl.col("dst").is_in(nodes)
+                               & (pl.col("kind") == "behind"))
+            .group_by("group").agg(pl.col("dst").unique(), pl.col("seq").first()))
+    alone = held.filter(pl.col("dst").list.len() == 1)
+    if alone.height != 1 or held.height < 2:
+        return None
+    group, dst, seq = alone.row(0)
+    rank = int(dst[0][2:])
+    if rank not in ctx.has_dump or seq is None:
+        return None
+    g = ctx.groups.get(group)
+    op = ctx.op_at(group, seq) or "collective"
+    waiting = ctx.w.waiters_of([rank])
+    others = [r for r in ranks if r != rank]
+    doing = ctx.describe_last(rank)
+    msg = (f"{ctx.rank_label(rank)} never joined {op} #{seq} in {g.label() if g else group}; {len(waiting):,} "
+           f"rank{'s' if len(waiting) != 1 else ''} wait on it. It went on to {doing}, which {ctx.ranks_label(others)} "
+           "can't reach while they wait on it: a deadlock of its order against everyone else's")
+    return Finding(
+        kind="not_joined", role="root_cause", message=msg, ranks=[rank], hosts=ctx.topo.hosts([rank]),
+        process_group=g, collective_seq_id=seq, op=op,
+        evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, rank, doing),
+                  "deadlock": {"ranks": ranks, "groups": groups}},
+        stacks=ctx.stack_of(rank, doing),
+    )
 
 
 def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
@@ -501,7 +539,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     p2p_cycle = {r for ranks, _ in w.cycles if p2p_culprits & set(ranks) for r in ranks}
     dead = _deadlock_findings(ctx, p2p_culprits)
     roots += dead
-    explained |= {r for f in dead for r in f.ranks} | p2p_cycle
+    explained |= {r for f in dead for r in f.evidence.get("deadlock", {}).get("ranks", f.ranks)} | p2p_cycle
     late, waited_on_late = _late_findings(ctx, loc, timing, timing_options or TimingOptions())
     roots += late
     explained |= waited_on_late

@@ -101,14 +101,29 @@ def test_two_member_mismatch_is_ambiguous_not_guessed(make_job):
     assert "can't be said which side" in root.message
 
 
-def test_deadlock_across_two_groups(make_job):
+def test_deadlock_across_two_groups_names_the_rank_whose_order_is_the_odd_one(make_job):
+    """Rank 2 runs the world all_reduce before its dp one; its dp peers 0, 4, 6 the other way round: they wait
+    for each other. Rank 2 alone holds up the dp group, where the three wait on it: it is the odd one out (the
+    ground truth's culprit), named as not joining, with the deadlock in the evidence."""
     job = synth.Job(tp=2, pp=1, dp=4, fault=synth.Fault(kind="deadlock", rank=2))
+    report, truth = run(make_job, job)
+    root = report.root_causes[0]
+    assert culprits(report)[0] == truth["ranks"] == [2]
+    assert (root.kind, root.process_group.desc, root.op) == ("not_joined", "dp", "all_reduce")
+    assert root.evidence["deadlock"]["ranks"] == [0, 2, 4, 6]   # rank 2 and its data-parallel peers
+    assert {"dp", "default_pg"} <= {report.trace.groups.filter(
+        report.trace.groups["group"] == g)["pg_desc"][0] for g in root.evidence["deadlock"]["groups"]}
+    assert "a deadlock of its order against everyone else's" in root.message
+
+
+def test_a_deadlock_with_no_odd_one_out_names_both_sides(make_job):
+    """With dp 2, rank 2 holds up the dp group {0, 2} and rank 0 the world group: each is alone on its side,
+    so neither is the odd one and the cycle is reported as a deadlock of both."""
+    job = synth.Job(tp=2, pp=1, dp=2, fault=synth.Fault(kind="deadlock", rank=2))
     report, _ = run(make_job, job)
     root = report.root_causes[0]
-    assert root.kind == "deadlock"
-    assert root.ranks == [0, 2, 4, 6]  # rank 2 and its data-parallel peers
-    assert {"dp", "default_pg"} <= {report.trace.groups.filter(
-        report.trace.groups["group"] == g)["pg_desc"][0] for g in root.evidence["groups"]}
+    assert (root.kind, root.ranks) == ("deadlock", [0, 2])
+    assert report.summary.startswith("FAULT: deadlock: ranks 0, 2")
 
 
 def test_dead_link_between_two_hosts(make_job):
