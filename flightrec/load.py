@@ -27,6 +27,7 @@ from . import fastflat, lookup, tape
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError
 from .flatten import derive_entries, flatten_dump, merge_parts
+from .inferred_groups import inferred_groups, place_rolled_out_members
 from .readers import parse_dump_bytes, read_dump_bytes
 from .schema import (
     DUMPS,
@@ -442,29 +443,6 @@ def _groups_from_config(pg_config: pl.DataFrame, rank_lists: pl.DataFrame) -> tu
     return conform(groups, GROUPS), conform(memberships, MEMBERSHIPS)
 
 
-def _inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: int | None) -> pl.DataFrame:
-    """Groups no rank declared (Gloo dumps carry no pg_config): members are the ranks that used them.
-
-    The default group is known to hold every rank, so with a known world size it gets all of them; that is
-    how a rank that died without dumping still shows up as a member."""
-    # (lazy: the three columns read, not the whole frame filtered)
-    used = (entries.lazy().select("pg_name", "pg_desc", "rank").filter(pl.col("pg_name").is_not_null())
-            .join(declared.lazy().select(pl.col("pg_name").cast(Text)), on="pg_name", how="anti")
-            .group_by("pg_name")
-            .agg(pl.col("pg_desc").drop_nulls().mode().first(), pl.col("rank").unique().sort().alias("ranks"))
-            .collect())
-    if world_size is not None:
-        everyone = pl.lit(list(range(world_size)), dtype=pl.List(pl.Int64))
-        used = used.with_columns(
-            pl.when(pl.col("pg_desc") == "default_pg").then(everyone).otherwise(pl.col("ranks")).alias("ranks"))
-    used = used.with_columns(
-        pl.col("pg_name").alias("group"),
-        pl.col("ranks").list.len().cast(pl.Int64).alias("size"),
-        pl.lit("inferred").alias("source"),
-    )
-    return conform(used, GROUPS)
-
-
 def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) -> Trace:
     """Raw per-file tables -> the typed, joined Trace. Vectorized; runs on cached tables too.
     Takes `raw["entries"]` out of `raw`: the frame is rebuilt (rechunked) here, and the reader's copy is freed
@@ -485,7 +463,9 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         # (kept as given: it may be meant, e.g. to look at part of a job; but ranks past it read oddly)
         warnings.warn(f"world size {world_size} was given, but the dumps hold rank {max_rank} and groups of up "
                       f"to {declared_world or '?'} ranks: check --world-size", stacklevel=2)
-    groups = pl.concat([groups, _inferred_groups(entries, groups, world_size)]).sort("group")
+    groups = pl.concat([groups, inferred_groups(entries, groups, world_size)]).sort("group")
+    with_entries = dumps.filter((pl.col("entry_count") > 0) & (pl.col("rank") < world_size))["rank"].n_unique()
+    groups = place_rolled_out_members(groups, entries, raw["pg_status"], without_entries=world_size - with_entries)
 
     members = (groups.select("group", "ranks")
                .with_columns(pl.int_ranges(pl.col("ranks").list.len()).alias("local_rank"))

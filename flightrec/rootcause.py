@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import polars as pl
 
+from . import cycles
 from .load import Trace, format_ranks
 from .locate import Location
 from .match import Matching
@@ -183,22 +184,12 @@ def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:
 
 
 def _odd_one_out(ctx: _Context, ranks: list[int], groups: list[str]) -> Finding | None:
-    """A wait cycle where one rank alone holds up a group while the others it waits on are held up there by
-    it: that rank skipped the group's collective and went on (its ring buffer may have rolled past the group:
-    pg_status placed it), or called the two in the other order. Both read the same in the dumps; it is the odd
-    one out, and a fix goes there. With two or more such ranks (A ran g1 first, B g2) the cycle is a deadlock
-    with no side to blame. Returns a not_joined finding that names the deadlock, or None."""
-    nodes = [f"r:{r}" for r in ranks]
-    held = (ctx.w.edges.filter(pl.col("src").is_in([f"g:{g}" for g in groups]) & pl.col("dst").is_in(nodes)
-                               & (pl.col("kind") == "behind"))
-            .group_by("group").agg(pl.col("dst").unique(), pl.col("seq").first()))
-    alone = held.filter(pl.col("dst").list.len() == 1)
-    if alone.height != 1 or held.height < 2:
+    """A wait cycle one rank broke (`cycles.odd_one_out`: it ran the groups' collectives in another order than
+    everyone else, or skipped one and went on): a not_joined finding that names the deadlock, or None."""
+    odd = cycles.odd_one_out(ctx.m.progress, ctx.trace.groups, ctx.w.edges, ranks, groups)
+    if odd is None or odd[0] not in ctx.has_dump:
         return None
-    group, dst, seq = alone.row(0)
-    rank = int(dst[0][2:])
-    if rank not in ctx.has_dump or seq is None:
-        return None
+    rank, group, seq = odd
     g = ctx.groups.get(group)
     op = ctx.op_at(group, seq) or "collective"
     waiting = ctx.w.waiters_of([rank])

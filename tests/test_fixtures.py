@@ -18,18 +18,8 @@ from .test_analyze_synth import SCHEMA
 ROOT_KINDS = {"not_joined", "missing_dump", "mismatch"}
 
 # rolled_past_*: rank 5 stopped joining a group and its ring buffer (6 entries) has none of that group's entries
-# left; only its pg_status says how far it got. What flightrec makes of them today (fixtures/<case>/report.txt):
-ROLLED_MISSES = {
-    "rolled_past_dp": (
-        "flightrec names host node0 / rank 1 (stuck_in_flight in dp group '4'): Gloo dumps name no group, so "
-        "group '4' is inferred from the entries as [1] and rank 5's pg_status is never read for it"),
-}
+# left; only its pg_status says how far it got.
 ROLLED = ["rolled_past_default", "rolled_past_dp"]
-
-
-def _xfail_rolled(cases, only=None):
-    return [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=ROLLED_MISSES[c]))
-            if c in ROLLED_MISSES and (only is None or c in only) else c for c in cases]
 
 
 def _has_root_cause(fault: dict) -> bool:
@@ -43,7 +33,7 @@ def _analyze(case):
         return analyze(FIXTURES / case)
 
 
-@pytest.mark.parametrize("case", _xfail_rolled(recorded_cases()))
+@pytest.mark.parametrize("case", recorded_cases())
 def test_api_names_the_injected_fault(case):
     truth = expected(case)
     fault = truth["fault"] or {}
@@ -122,7 +112,7 @@ def test_rolled_past_rank_5_has_no_entry_of_the_group_only_its_pg_status(case):
     assert status["last_enqueued"].to_list() == [fault["collective_seq_id"] - 1]
 
 
-@pytest.mark.parametrize("case", _xfail_rolled(ROLLED, only=["rolled_past_dp"]))
+@pytest.mark.parametrize("case", ROLLED)
 def test_rolled_past_the_matcher_reads_how_far_rank_5_got_from_pg_status(case):
     """`_rolled_out_status` (match.py): with no entry of the group left, rank 5's progress there is its pg_status
     counter (first_seq is null: no entry), one behind its peers. Without that path it would be unknown (null)."""
@@ -134,7 +124,7 @@ def test_rolled_past_the_matcher_reads_how_far_rank_5_got_from_pg_status(case):
     assert (row["first_seq"], row["last_enqueued"], row["behind"]) == (None, fault["collective_seq_id"] - 1, 1)
 
 
-@pytest.mark.parametrize("case", _xfail_rolled(ROLLED))
+@pytest.mark.parametrize("case", ROLLED)
 def test_rolled_past_rank_5_is_named_from_its_pg_status(case):
     """Rank 5 is the root cause: it never joined the group's collective its peers hang in. Its dump has no entry
     of that group, so only pg_status can have placed it there."""

@@ -1,0 +1,77 @@
+"""Process groups no rank declared (Gloo dumps carry no pg_config): their members, read from who used them.
+
+A member whose ring buffer rolled every entry of the group out (the buffer is one per rank, shared by its
+groups) used it too, but no entry says so: only its pg_status, keyed by the rank's local pg id, still counts
+the group's collectives. `place_rolled_out_members` puts such a rank in the one group it can only be in.
+Small frames (groups, pg_status, per-rank keys); the entries are read only when a group is short of members.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from .schema import GROUPS, Text, conform
+
+
+def inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: int | None) -> pl.DataFrame:
+    """Groups no rank declared: members are the ranks that used them.
+
+    The default group is known to hold every rank, so with a known world size it gets all of them; that is
+    how a rank that died without dumping still shows up as a member."""
+    # (lazy: the three columns read, not the whole frame filtered)
+    used = (entries.lazy().select("pg_name", "pg_desc", "rank").filter(pl.col("pg_name").is_not_null())
+            .join(declared.lazy().select(pl.col("pg_name").cast(Text)), on="pg_name", how="anti")
+            .group_by("pg_name")
+            .agg(pl.col("pg_desc").drop_nulls().mode().first(), pl.col("rank").unique().sort().alias("ranks"))
+            .collect())
+    if world_size is not None:
+        everyone = pl.lit(list(range(world_size)), dtype=pl.List(pl.Int64))
+        used = used.with_columns(
+            pl.when(pl.col("pg_desc") == "default_pg").then(everyone).otherwise(pl.col("ranks")).alias("ranks"))
+    return conform(_with_size(used.with_columns(pl.col("pg_name").alias("group"),
+                                                pl.lit("inferred").alias("source"))), GROUPS)
+
+
+def place_rolled_out_members(groups: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame,
+                             without_entries: int) -> pl.DataFrame:
+    """`groups` with ranks added to inferred groups they used but no entry of theirs shows.
+
+    A rank belongs to a group of kind D (pg_desc: "dp") when its pg_status has a local pg id its entries don't
+    show, and that id is a D group on every rank whose entries show it (processes make their groups in the
+    same order). If it is in no D group the entries show, and exactly one D group is short of members
+    (smaller than the largest), with exactly as many places as there are such ranks and ranks without entries
+    (`without_entries`: they could be the missing members too), the ranks go there. Anything less certain is left as it is."""
+    inferred = groups.filter((pl.col("source") == "inferred") & (pl.col("pg_desc") != "default_pg")
+                             & pl.col("pg_desc").is_not_null())
+    places = (inferred.with_columns((pl.col("size").max().over("pg_desc") - pl.col("size")).alias("_places"))
+              .filter(pl.col("_places") > 0))
+    if places.height == 0:
+        return groups
+    # each rank's local pg ids, as its entries show them, and the kind of group each id is on every rank
+    shown = (entries.lazy().select("rank", "pg_id", pl.col("pg_name").cast(pl.String)).drop_nulls().unique().collect()
+             .join(inferred.select("pg_name", "pg_desc"), on="pg_name"))
+    kind_of_id = (shown.group_by("pg_id").agg(pl.col("pg_desc").unique())
+                  .filter(pl.col("pg_desc").list.len() == 1).select("pg_id", pl.col("pg_desc").list.first()))
+    members = inferred.select("pg_desc", pl.col("ranks").alias("rank")).explode("rank")
+    unplaced = (pg_status.filter(pl.col("pg_id") != 0).select("rank", "pg_id")
+                .join(shown.select("rank", "pg_id"), on=["rank", "pg_id"], how="anti")
+                .join(kind_of_id, on="pg_id")
+                .join(members, on=["rank", "pg_desc"], how="anti")
+                .select("pg_desc", "rank").unique())
+    if unplaced.height == 0:
+        return groups
+    fits = (places.group_by("pg_desc").agg(pl.len().alias("_short"), pl.col("group").first(),
+                                           pl.col("_places").first())
+            .join(unplaced.group_by("pg_desc").agg(pl.col("rank").sort().alias("_new")), on="pg_desc")
+            .filter((pl.col("_short") == 1)
+                    & (pl.col("_places") == pl.col("_new").list.len() + without_entries)))
+    if fits.height == 0:
+        return groups
+    placed = (groups.join(fits.select("group", "_new"), on="group", how="left")
+              .with_columns(pl.concat_list("ranks", pl.col("_new").fill_null(pl.lit([], pl.List(pl.Int64))))
+                            .list.sort().alias("ranks")))
+    return conform(_with_size(placed), GROUPS)
+
+
+def _with_size(groups: pl.DataFrame) -> pl.DataFrame:
+    return groups.with_columns(pl.col("ranks").list.len().cast(pl.Int64).alias("size"))
