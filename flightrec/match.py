@@ -426,6 +426,50 @@ def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.D
     )
 
 
+def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame | None,
+                            field: pl.Expr) -> pl.DataFrame:
+    """Ambiguous rows of `m` (`_minority`: one rank against one, or a tie) settled by the group's peers: the
+    groups of the same kind (pg_desc) at the same seq run the same program. Where every peer group that
+    recorded it agreed within itself, all on one value, and one side here has that value, the other side is
+    wrong (`peer_groups`: how many peers said so). Else the row stays ambiguous."""
+    unsettled = m.filter(pl.col("ambiguous"))
+    if unsettled.height == 0 or groups is None:
+        return m
+    desc = groups.select("group", pl.col("pg_desc")).filter(pl.col("pg_desc").is_not_null() & (pl.col("pg_desc") != ""))
+    wanted = unsettled.select("group", "collective_seq_id").join(desc, on="group")
+    peers = (desc.join(wanted.select("pg_desc", "collective_seq_id", pl.col("group").alias("_of")), on="pg_desc")
+             .filter(pl.col("group") != pl.col("_of")))
+    if peers.height == 0:
+        return m
+    values = (units.lazy().join(peers.lazy().select("group", "collective_seq_id", "_of").unique(),
+                                on=["group", "collective_seq_id"])
+              .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
+              .group_by("_of", "group", "collective_seq_id").agg(pl.col("_v").unique())
+              .group_by("_of", "collective_seq_id")
+              .agg(pl.col("_v").list.explode(keep_nulls=False, empty_as_null=False).unique().alias("_vs"),
+                   pl.len().alias("peer_groups")).collect())
+    agreed = (values.filter(pl.col("_vs").list.len() == 1)
+              .select(pl.col("_of").alias("group"), "collective_seq_id", pl.col("_vs").list.first().alias("_usual"),
+                      "peer_groups"))
+    sides = (units.join(unsettled.select("group", "collective_seq_id"), on=["group", "collective_seq_id"])
+             .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
+             .join(agreed, on=["group", "collective_seq_id"])
+             .group_by("group", "collective_seq_id")
+             .agg((pl.col("_v") == pl.col("_usual")).any().alias("_has_usual"),
+                  pl.col("rank").filter(pl.col("_v") != pl.col("_usual")).sort().alias("_wrong"),
+                  pl.col("_v").filter(pl.col("_v") != pl.col("_usual")).unique().sort().str.join(" / ").alias("_odd"),
+                  pl.col("_usual").first(), pl.col("peer_groups").first()))
+    settled = sides.filter(pl.col("_has_usual") & (pl.col("_wrong").list.len() > 0))
+    if settled.height == 0:
+        return m
+    return (m.join(settled.drop("_has_usual"), on=["group", "collective_seq_id"], how="left")
+            .with_columns(pl.coalesce("_wrong", "ranks").alias("ranks"),
+                          pl.coalesce("_usual", "majority").alias("majority"),
+                          pl.coalesce("_odd", "minority").alias("minority"),
+                          (pl.col("ambiguous") & pl.col("_wrong").is_null()).alias("ambiguous"))
+            .drop("_wrong", "_usual", "_odd"))
+
+
 def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
     """Size mismatches where members agree on the input but some output breaks the op's own rule."""
     u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
@@ -437,8 +481,10 @@ def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFram
     )
 
 
-def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
-    """Each group's first collective that is a mismatch or that some members never joined."""
+def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame,
+                groups: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Each group's first collective that is a mismatch or that some members never joined. With `groups`, a
+    mismatch between two members (or a tie) is settled by the peer groups of the same kind where they agree."""
     bad = colls.filter(pl.col("status").is_in([*MISMATCH_STATUSES, "not_joined"]))
     if bad.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
@@ -462,6 +508,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame) ->
                     pl.when(pl.col("minority") == "").then("_bad_text").otherwise("minority").alias("minority"),
                     pl.when(pl.col("minority") == "").then(pl.lit(False)).otherwise("ambiguous").alias("ambiguous"),
                 ).drop("_bad", "_bad_text")
+            m = _settled_by_peer_groups(m, units, groups, field)
             parts.append(sel.join(m, on=["group", "collective_seq_id"]))
     nj = firsts.filter(pl.col("status") == "not_joined")
     if nj.height:
@@ -549,6 +596,6 @@ def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, du
     prog = progress(units, entries, members, dumps, pg_status, tracks, groups)
     colls = classify(units, prog)
     return Matching(
-        units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog),
+        units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog, groups),
         p2p=p2p_pairs(entries, dumps, completion),
     )

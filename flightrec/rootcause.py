@@ -103,6 +103,11 @@ def _mismatch_findings(ctx: _Context) -> list[Finding]:
             others = len(present) - len(ranks)
             msg = (f"{ctx.ranks_label(ranks)} {word} {row['minority']} in {op} #{seq} of {g.label()}, where the "
                    f"other {others:,} member{'s' if others != 1 else ''} {word} {row['majority']}")
+            if row["peer_groups"]:
+                n = row["peer_groups"]
+                kind = f"'{g.desc}'" if g.desc else "same-kind"
+                msg += (f", as did every member of the {n:,} other {kind} group{'s' if n != 1 else ''} at #{seq} "
+                        "(one member against one can't say who is wrong: its peer groups can)")
         members = present["rank"].to_list()
         waiting = (set(members) | set(ctx.w.waiters_of(members))) - set(ranks)
         out.append(Finding(
@@ -110,6 +115,7 @@ def _mismatch_findings(ctx: _Context) -> list[Finding]:
             process_group=g, collective_seq_id=seq, op=op,
             evidence={"mismatch": status, "majority": row["majority"], "minority": row["minority"],
                       "ambiguous": row["ambiguous"], "later_mismatches_in_group": row["later_mismatches"],
+                      **({"peer_groups": row["peer_groups"]} if row["peer_groups"] else {}),
                       "waiting_ranks": len(waiting)},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))

@@ -194,6 +194,7 @@ DIVERGENCES = pl.Schema({
     "majority": pl.String,             # what the others did (op, dtype or shape), for the message
     "minority": pl.String,
     "ambiguous": pl.Boolean,           # a tie or a 2-member group: no side can be blamed
+    "peer_groups": pl.Int64,           # a tie settled by this many groups of the same kind, all doing `majority`
     "later_mismatches": pl.Int64,      # mismatched collectives after this one in the same group
 })
 

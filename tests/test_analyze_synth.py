@@ -93,12 +93,28 @@ def test_mismatch_minority(make_job, kind, phase):
 
 
 def test_two_member_mismatch_is_ambiguous_not_guessed(make_job):
-    job = synth.Job(tp=2, pp=1, dp=2, fault=synth.Fault(kind="dtype_mismatch", rank=1))
+    """tp 2 and one tp group: rank 1 against rank 0, and no other tp group to say which is usual."""
+    job = synth.Job(tp=2, pp=1, dp=1, fault=synth.Fault(kind="dtype_mismatch", rank=1))
     report, _ = run(make_job, job)
     root = report.root_causes[0]
     assert root.evidence["ambiguous"] is True
     assert root.ranks == [0, 1]
     assert "can't be said which side" in root.message
+
+
+@pytest.mark.parametrize("kind", ["dtype_mismatch", "size_mismatch", "type_mismatch"])
+@pytest.mark.parametrize("phase", ["tp", "dp"])
+def test_two_member_mismatch_is_settled_by_the_peer_groups(make_job, kind, phase):
+    """One against one, but the other groups of the same kind ran the same collective at the same seq, all
+    alike: the member that differs from them is the culprit (the ground truth's)."""
+    job = synth.Job(tp=2, pp=2, dp=2, fault=synth.Fault(kind=kind, rank=5, phase=phase))
+    report, truth = run(make_job, job)
+    root = report.root_causes[0]
+    assert (root.kind, root.ranks, root.evidence["ambiguous"]) == ("mismatch", truth["ranks"], False)
+    # (the peers that got there: a tp group of the other pipeline stage may be held up before it)
+    n = root.evidence["peer_groups"]
+    assert n >= 2 and root.process_group.desc == phase
+    assert f"as did every member of the {n} other '{phase}' groups at #{root.collective_seq_id}" in root.message
 
 
 def test_deadlock_across_two_groups_names_the_rank_whose_order_is_the_odd_one(make_job):
