@@ -1,14 +1,17 @@
 """Who broke the order in a wait cycle: the rank to blame when ranks wait for each other across groups.
 
-Ranks running one program pass their collectives in one order, so their progress is monotone: a rank behind
-another in one kind of group (pg_desc) is not ahead of it in another. A cycle of waits means some rank ran
-them in another order, or skipped one and went on (its ring buffer may have rolled past the group: pg_status
-placed it). The dumps can't tell those two apart, but they show who: the rank whose progress in two kinds of
-group is inverted against what most members of its group show (behind in dp, ahead in tp). When no such rank
-stands out, one that alone holds up a group whose other members it waits on elsewhere. Where neither picks a
-single rank (A ran g1 first, B g2), the cycle is a deadlock with no side to blame.
+In a cycle each rank is held up in one group (a collective it has not joined, A #a) while it waits in another
+(B #b, which it joined). Ranks running one program pass their collectives in one order, so the cycle means
+some rank ran A #a and B #b the other way round than the rest, or skipped A #a and went on (its ring buffer may
+have rolled past A: pg_status placed it). The dumps can't tell those two apart, but they show who: every other
+rank that ran or reached one of the two says which comes first in the program, by kind of group (pg_desc: its
+own dp group's #a is the same point of the program as this rank's). A rank that joined A #a and has not
+reached B #b (or recorded A #a before a B #x, x <= b) puts A first; one that did the opposite puts B first. The
+rank whose own order most ranks contradict is the one that broke it. When no single rank does (A ran g1 first
+and B g2, nobody else says which), the cycle is a deadlock with no side to blame.
 
-Small frames: the cycle's groups, their members' progress; never the entries.
+Small frames: the cycle's ranks and groups, the progress per kind of group, the few units at the seqs in
+question; never a loop over entries.
 """
 
 from __future__ import annotations
@@ -16,50 +19,66 @@ from __future__ import annotations
 import polars as pl
 
 
-def odd_one_out(progress: pl.DataFrame, groups: pl.DataFrame, edges: pl.DataFrame, ranks: list[int],
-                cycle_groups: list[str]) -> tuple[int, str, int] | None:
-    """(rank, group, seq): the cycle's rank that broke the order, and the collective it never joined (the
-    group of the cycle it holds up, at the seq the others wait in); None when no single rank stands out."""
+def odd_one_out(progress: pl.DataFrame, groups: pl.DataFrame, units: pl.DataFrame, edges: pl.DataFrame,
+                ranks: list[int], cycle_groups: list[str]) -> tuple[int, str, int] | None:
+    """(rank, group, seq): the cycle's rank whose order of two collectives most other ranks contradict, and
+    the collective it never joined (A #a, where the others wait on it); None when no single rank stands out."""
+    steps = _steps(edges, groups, ranks, cycle_groups)
+    if steps.height == 0:
+        return None
+    kind = groups.select("group", pl.col("pg_desc").fill_null(""))
+    # each rank's progress per kind of group, where it is in one group of that kind
+    where = (progress.filter(pl.col("last_enqueued").is_not_null()).join(kind, on="group")
+             .group_by("rank", "pg_desc").agg(pl.col("last_enqueued").first(), pl.len().alias("_n"))
+             .filter(pl.col("_n") == 1).drop("_n"))
+    a_first = _says_first(steps, where, units, kind, ("_da", "_a"), ("_db", "_b"))
+    b_first = _says_first(steps, where, units, kind, ("_db", "_b"), ("_da", "_a"))
+    votes = (steps.join(a_first, on="rank", how="left").join(b_first, on="rank", how="left", suffix="_b")
+             .with_columns(pl.col("_says").fill_null(0), pl.col("_says_b").fill_null(0)))
+    # (the rank itself ran B first: it is among the ones that say so)
+    broke = votes.filter(pl.col("_says") > pl.col("_says_b"))
+    if broke["rank"].n_unique() != 1:
+        return None
+    rank, group, seq = broke.sort("_says", descending=True).select("rank", "_group", "_a").row(0)
+    return rank, group, seq
+
+
+def _steps(edges: pl.DataFrame, groups: pl.DataFrame, ranks: list[int], cycle_groups: list[str]) -> pl.DataFrame:
+    """Per cycle rank: the collective it holds up (group A, seq a, kind _da) and the one it waits in (seq b,
+    kind _db), from the cycle's wait edges; one row per such pair."""
     nodes = [f"r:{r}" for r in ranks]
-    held = (edges.filter(pl.col("src").is_in([f"g:{g}" for g in cycle_groups]) & pl.col("dst").is_in(nodes)
-                         & (pl.col("kind") == "behind"))
-            .select("group", pl.col("dst").str.slice(2).cast(pl.Int64).alias("rank"), "seq"))
-    if held.height == 0:
-        return None
-    rank = _inverted(progress, groups, ranks, cycle_groups)
-    if rank is None:
-        alone = held.group_by("group").agg(pl.col("rank").unique()).filter(pl.col("rank").list.len() == 1)
-        if alone.height != 1 or held["group"].n_unique() < 2:
-            return None
-        rank = alone["rank"][0][0]
-    mine = held.filter(pl.col("rank") == rank).sort("group")
-    if mine.height == 0:
-        return None
-    group, _, seq = mine.row(0)
-    return (rank, group, seq) if seq is not None else None
+    behind = edges.filter(pl.col("kind") == "behind")
+    desc = groups.select(pl.col("group").cast(pl.String), pl.col("pg_desc").fill_null(""))
+    held = (behind.filter(pl.col("src").is_in([f"g:{g}" for g in cycle_groups]) & pl.col("dst").is_in(nodes))
+            .select(pl.col("dst").str.slice(2).cast(pl.Int64).alias("rank"), pl.col("group").cast(pl.String),
+                    pl.col("seq").alias("_a"))
+            .join(desc, on="group").rename({"group": "_group", "pg_desc": "_da"}))
+    waits = (behind.filter(pl.col("src").is_in(nodes) & pl.col("dst").is_in([f"g:{g}" for g in cycle_groups]))
+             .select(pl.col("src").str.slice(2).cast(pl.Int64).alias("rank"), pl.col("group").cast(pl.String),
+                     pl.col("seq").alias("_b"))
+             .join(desc, on="group").rename({"pg_desc": "_db"}).drop("group"))
+    return (held.join(waits, on="rank").filter((pl.col("_da") != pl.col("_db")) & (pl.col("_da") != ""))
+            .drop_nulls(["_a", "_b"]))
 
 
-def _inverted(progress: pl.DataFrame, groups: pl.DataFrame, ranks: list[int], cycle_groups: list[str]) -> int | None:
-    """The one rank of `ranks` whose (seq in a group G, seq in its group of another kind D) is inverted
-    against the pair most members of G share: lower in one, higher in the other. None unless exactly one."""
-    desc = groups.select("group", pl.col("pg_desc").fill_null(""))
-    known = (progress.filter(pl.col("last_enqueued").is_not_null()).select("group", "rank", "last_enqueued")
-             .join(desc, on="group"))
-    # a rank's seq per kind of group, where it is in one group of that kind
-    per_kind = (known.group_by("rank", "pg_desc").agg(pl.col("last_enqueued").first(), pl.len().alias("_n"))
-                .filter(pl.col("_n") == 1).select("rank", pl.col("pg_desc").alias("_other"),
-                                                  pl.col("last_enqueued").alias("_b")))
-    points = (known.filter(pl.col("group").cast(pl.String).is_in(cycle_groups))
-              .select("group", "pg_desc", "rank", pl.col("last_enqueued").alias("_a"))
-              .join(per_kind, on="rank").filter(pl.col("_other") != pl.col("pg_desc")))
-    if points.height == 0:
-        return None
-    usual = (points.group_by("group", "_other", "_a", "_b").len()
-             .with_columns(pl.col("len").sum().over("group", "_other").alias("_members"))
-             .filter(pl.col("len") * 2 > pl.col("_members"))
-             .select("group", "_other", pl.col("_a").alias("_ua"), pl.col("_b").alias("_ub")))
-    odd = (points.join(usual, on=["group", "_other"])
-           .filter(((pl.col("_a") < pl.col("_ua")) & (pl.col("_b") > pl.col("_ub")))
-                   | ((pl.col("_a") > pl.col("_ua")) & (pl.col("_b") < pl.col("_ub"))))
-           .filter(pl.col("rank").is_in(ranks))["rank"].unique())
-    return int(odd[0]) if odd.len() == 1 else None
+def _says_first(steps: pl.DataFrame, where: pl.DataFrame, units: pl.DataFrame, kind: pl.DataFrame,
+                first: tuple[str, str], then: tuple[str, str]) -> pl.DataFrame:
+    """(rank, _says): for each cycle rank's pair, how many ranks show `first` (kind, seq) before `then` in
+    their program: they joined the first and have not reached the second, or recorded the first before one of
+    the second's kind at or below its seq."""
+    (d1, s1), (d2, s2) = first, then
+    pairs = steps.select("rank", pl.col(d1).alias("_d1"), pl.col(s1).alias("_s1"), pl.col(d2).alias("_d2"),
+                         pl.col(s2).alias("_s2")).unique()
+    p1 = where.rename({"rank": "_s", "pg_desc": "_d1", "last_enqueued": "_p1"})
+    p2 = where.rename({"rank": "_s", "pg_desc": "_d2", "last_enqueued": "_p2"})
+    reached = (pairs.join(p1, on="_d1").join(p2, on=["_d2", "_s"])
+               .filter((pl.col("_p1") >= pl.col("_s1")) & (pl.col("_p2") < pl.col("_s2"))).select("rank", "_s"))
+    # recorded both: the first's entry before an entry of the second's kind at or below its seq
+    seqs = (units.lazy().select("group", "collective_seq_id", "rank", "record_id")
+            .join(kind.lazy(), on="group").rename({"rank": "_s"}))
+    at_first = (seqs.join(pairs.lazy(), left_on=["pg_desc", "collective_seq_id"], right_on=["_d1", "_s1"])
+                .select("rank", "_s", "_d2", "_s2", pl.col("record_id").alias("_r1")))
+    recorded = (at_first.join(seqs, left_on=["_s", "_d2"], right_on=["_s", "pg_desc"])
+                .filter((pl.col("collective_seq_id") <= pl.col("_s2")) & (pl.col("record_id") > pl.col("_r1")))
+                .select("rank", "_s").collect())
+    return (pl.concat([reached, recorded]).unique().group_by("rank").agg(pl.len().alias("_says")))

@@ -192,7 +192,7 @@ def _deadlock_findings(ctx: _Context, explained: set[int]) -> list[Finding]:
 def _odd_one_out(ctx: _Context, ranks: list[int], groups: list[str]) -> Finding | None:
     """A wait cycle one rank broke (`cycles.odd_one_out`: it ran the groups' collectives in another order than
     everyone else, or skipped one and went on): a not_joined finding that names the deadlock, or None."""
-    odd = cycles.odd_one_out(ctx.m.progress, ctx.trace.groups, ctx.w.edges, ranks, groups)
+    odd = cycles.odd_one_out(ctx.m.progress, ctx.trace.groups, ctx.m.units, ctx.w.edges, ranks, groups)
     if odd is None or odd[0] not in ctx.has_dump:
         return None
     rank, group, seq = odd

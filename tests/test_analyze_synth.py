@@ -132,14 +132,25 @@ def test_deadlock_across_two_groups_names_the_rank_whose_order_is_the_odd_one(ma
     assert "a deadlock of its order against everyone else's" in root.message
 
 
-def test_a_deadlock_with_no_odd_one_out_names_both_sides(make_job):
-    """With dp 2, rank 2 holds up the dp group {0, 2} and rank 0 the world group: each is alone on its side,
-    so neither is the odd one and the cycle is reported as a deadlock of both."""
+def test_a_deadlock_of_two_is_settled_by_the_ranks_that_ran_both(make_job):
+    """With dp 2, rank 2 holds up the dp group {0, 2} and rank 0 the world group: one against one. Ranks 1 and
+    3 (the other dp group) recorded their dp all_reduce before the world one, as rank 0 ran them: rank 2's
+    order is the odd one."""
     job = synth.Job(tp=2, pp=1, dp=2, fault=synth.Fault(kind="deadlock", rank=2))
+    report, truth = run(make_job, job)
+    root = report.root_causes[0]
+    assert (root.kind, root.ranks) == ("not_joined", truth["ranks"]) and truth["ranks"] == [2]
+    assert root.evidence["deadlock"]["ranks"] == [0, 2]
+
+
+def test_a_deadlock_nobody_else_can_order_names_both_sides(make_job):
+    """Two ranks, each the other's only peer in both groups: rank 1 runs them in the other order, and no third
+    rank says which order is the program's. A deadlock of both, not a guess."""
+    job = synth.Job(tp=1, pp=1, dp=2, fault=synth.Fault(kind="deadlock", rank=1, phase="dp"))
     report, _ = run(make_job, job)
     root = report.root_causes[0]
-    assert (root.kind, root.ranks) == ("deadlock", [0, 2])
-    assert report.summary.startswith("FAULT: deadlock: ranks 0, 2")
+    assert (root.kind, root.ranks) == ("deadlock", [0, 1])
+    assert report.summary.startswith("FAULT: deadlock: ranks 0-1")
 
 
 def test_dead_link_between_two_hosts(make_job):
