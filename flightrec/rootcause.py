@@ -138,6 +138,10 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
             expecting = recvs.filter((pl.col("src") == a) & (pl.col("recv_rank") != c))
             if expecting.height:
                 wrong.append((row, int(expecting["recv_rank"][0])))
+        if len(wrong) > 1:
+            # Both directions of a pipeline wait at once (2 sends forward to 4 while 0 waits for 2's backward
+            # send): the wrong send is to a rank that never receives from the sender at all in its dump.
+            wrong = [(row, b) for row, b in wrong if not _receives_from(ctx, row["dst"], row["src"])]
         if len(wrong) == 1:
             out.append(_wrong_peer_finding(ctx, *wrong[0]))
     for row in p2p.filter(pl.col("status") == "size_mismatch").iter_rows(named=True):
@@ -150,6 +154,13 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
             evidence={"send_shape": str(row["send_sizes"]), "recv_shape": str(row["recv_sizes"])},
         ))
     return out
+
+
+def _receives_from(ctx: _Context, rank: int, peer: int) -> bool:
+    """Whether `rank`'s dump records a receive from `peer`: the program has that channel."""
+    return ctx.trace.entries.lazy().filter(
+        (pl.col("rank") == rank) & pl.col("is_p2p") & (pl.col("peer") == peer) & (pl.col("op") == "recv")
+    ).select(pl.len()).collect().item() > 0
 
 
 def _wrong_peer_finding(ctx: _Context, row: dict, b: int) -> Finding:

@@ -195,6 +195,20 @@ def test_wrong_p2p_peer(make_job, pp, rank):
     assert not any(f.kind == "deadlock" for f in report.findings)
 
 
+@pytest.mark.parametrize("buffer_size", [2000, 20])
+def test_a_wrong_peer_beside_both_directions_of_pipeline_waits(make_job, buffer_size):
+    """Rank 4 (stage 2) sends to stage 0 instead of 6 while rank 2 sends forward to it and rank 0 waits for 2's
+    backward send: two pending sends each have someone else waiting on their sender. The wrong one goes to a
+    rank that never receives from the sender at all (with a 20-entry ring, no matched transfer is left to say
+    which pairs the pipeline uses)."""
+    job = synth.Job(tp=2, pp=4, dp=2, steps=4, ranks_per_host=2, buffer_size=buffer_size,
+                    fault=synth.Fault(kind="wrong_peer", rank=4, phase="p2p"))
+    report, truth = run(make_job, job)
+    assert culprits(report)[0] == truth["ranks"] == [4]
+    root = report.root_causes[0]
+    assert (root.kind, root.evidence["sent_to"], root.evidence["expected_by"]) == ("p2p_unmatched", 0, 6)
+
+
 def test_ring_buffer_wrap_still_finds_culprit(make_job):
     job = synth.Job(tp=4, pp=2, dp=2, steps=6, buffer_size=40, fault=synth.Fault(kind="not_joined", rank=3))
     report, _ = run(make_job, job)
