@@ -333,8 +333,21 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
     one_each = (keys.group_by("rank").agg(pl.len().alias("_k"), pl.col("_st").first())
                 .join(groups.group_by("rank").agg(pl.len().alias("_g"), pl.col("group").first()), on="rank")
                 .filter((pl.col("_k") == 1) & (pl.col("_g") == 1)))
-    paired = (pl.concat([default.select("rank", "group", "_st"), one_each.select("rank", "group", "_st")])
-              .join(agrees.filter(pl.col("_agrees")), on="rank", how="semi")
+    # Else by the key the group's other members use for it (processes make their groups in one order: a group's
+    # local id is the same on its members), where they all use one and the rank has that key unread.
+    left = groups.join(one_each, on="rank", how="anti").join(candidates, on=["group", "rank"], how="semi")
+    by_peers = one_each.clear().select("rank", "group", "_st")
+    if left.height:
+        peer_key = (entries.lazy().filter(pl.col("group").is_in(left["group"].unique().implode()))
+                    .select("group", "pg_id").drop_nulls().unique().collect()
+                    .filter(pl.len().over("group") == 1))
+        by_peers = (left.join(peer_key, on="group").join(keys, on=["rank", "pg_id"])
+                    .filter((pl.len().over("rank", "pg_id") == 1) & (pl.len().over("rank", "group") == 1))
+                    .select("rank", "group", "_st"))
+    # (a rank none of whose counters can be checked against its entries is taken at its word; one whose
+    # counters contradict its entries somewhere is not)
+    paired = (pl.concat([default.select("rank", "group", "_st"), one_each.select("rank", "group", "_st"), by_peers])
+              .join(agrees.filter(~pl.col("_agrees")), on="rank", how="anti")
               .join(candidates, on=["group", "rank"], how="semi"))
     return conform(paired.select("group", "rank", pl.when(pl.col("_st") >= 0).then("_st").alias("_st_enq")),
                    out.schema)

@@ -209,6 +209,21 @@ def test_a_wrong_peer_beside_both_directions_of_pipeline_waits(make_job, buffer_
     assert (root.kind, root.evidence["sent_to"], root.evidence["expected_by"]) == ("p2p_unmatched", 0, 6)
 
 
+def test_a_rank_whose_ring_holds_only_sends_and_receives_is_placed_by_its_peers_key(make_job):
+    """tp 1, a 12-entry ring: rank 9 skipped its dp all_reduce and its ring holds nothing but pipeline sends and
+    receives, so no counter of its can be checked against its entries, and two groups (dp, a one-rank tp) and
+    two pg_status keys have no entry. Its dp peers record that group under local id 3: its counter there says
+    it is one behind."""
+    job = synth.Job(tp=1, pp=4, dp=4, steps=4, ranks_per_host=4, buffer_size=12,
+                    fault=synth.Fault(kind="not_joined", rank=9, phase="dp"))
+    report, truth = run(make_job, job)
+    assert culprits(report)[0] == truth["ranks"] == [9]
+    root = report.root_causes[0]
+    assert (root.kind, root.process_group.desc, root.collective_seq_id) == ("not_joined", "dp", truth["collective_seq_id"])
+    mine = report.trace.entries.filter(pl.col("rank") == 9)
+    assert mine["is_p2p"].any() and mine.filter(~pl.col("is_p2p") & (pl.col("op") != "coalesced")).height == 0
+
+
 def test_ring_buffer_wrap_still_finds_culprit(make_job):
     job = synth.Job(tp=4, pp=2, dp=2, steps=6, buffer_size=40, fault=synth.Fault(kind="not_joined", rank=3))
     report, _ = run(make_job, job)
