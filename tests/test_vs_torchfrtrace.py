@@ -94,3 +94,22 @@ def test_rolled_past_it_names_rank_5_once_given_the_real_layout(case):
     group = f"group info: {fault['process_group_name']}:{fault['process_group_desc']}\n"
     hits = [b for b in reports if b.startswith(f"{fault['collective_seq_id']}\n") and group in b]
     assert len(hits) == 1 and "missing ranks: {5}\n" in hits[0]
+
+
+def test_rolled_past_dp_it_lists_every_wait_of_the_cycle_we_name_the_rank_that_broke_it():
+    """Rank 5 skipped its dp all_reduce (seq 3) and its ring rolled the group out. With the layout repaired,
+    torchfrtrace lists each wait of the cycle that followed as its own missing rank, a tp wait for rank 1
+    first; we name rank 5, from its pg_status and the order of the two collectives every other rank shows."""
+    _, second = golden("rolled_past_dp")
+    missing = [sorted(int(x) for x in m.split(",")) for m in re.findall(r"missing ranks: \{([\d, ]+)\}", second)]
+    assert missing[0] == [1] and [5] in missing and len(missing) > 2
+    root = _analyze("rolled_past_dp").root_causes[0]
+    assert (root.kind, root.ranks, root.collective_seq_id, root.process_group.desc) == ("not_joined", [5], 3, "dp")
+
+
+def test_rolled_past_default_agree_where_it_is_right():
+    _, second = golden("rolled_past_default")
+    seq = int(re.search(r"Not all ranks joining collective, sequence number: (\d+)", second)[1])
+    missing = sorted(int(x) for x in re.search(r"missing ranks: \{([\d, ]+)\}", second)[1].split(","))
+    root = _analyze("rolled_past_default").root_causes[0]
+    assert (root.kind, root.ranks, root.collective_seq_id) == ("not_joined", missing, seq) == ("not_joined", [5], 4)
