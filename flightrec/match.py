@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import polars as pl
 
 from . import lookup
+from .divergences import divergences
+from .op_rules import all_to_all_totals_ok, known_op, shape_key, size_rule_ok
 from .schema import (
     COLLECTIVES,
-    DIVERGENCES,
-    MISMATCH_STATUSES,
     P2P_OPS_SCHEMA,
     PROGRESS,
     TRUNCATED,
@@ -83,56 +83,6 @@ def completion_by_rank(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFra
     return (backend.join(seen, on="rank", how="full", coalesce=True)
             .select("rank", (pl.col("_backend").fill_null(False) | pl.col("_seen").fill_null(False))
                     .alias("tracks_completion")))
-
-
-def size_rule_ok() -> pl.Expr:
-    """Per unit: the op's own shape rule (all_gather output = input x group size, reduce_scatter the reverse)."""
-    op = pl.col("op")
-    return (
-        pl.when(op.is_in(["all_gather", "all_gather_coalesced"]))
-        .then(pl.col("output_numel") == pl.col("input_numel") * pl.col("size"))
-        .when(op.is_in(["reduce_scatter", "reduce_scatter_coalesced"]))
-        .then(pl.col("input_numel") == pl.col("output_numel") * pl.col("size"))
-        .otherwise(True)
-        .fill_null(True)
-    )
-
-
-# Ops whose per-member shapes legitimately differ: all_to_all splits may be uneven (checked by totals), and
-# gather/scatter shapes depend on whether the member is the root.
-_UNEQUAL_SHAPES = ["all_to_all", "gather", "scatter"]
-
-
-def known_op() -> pl.Expr:
-    """The unit's op, null where its profiling name was missing or not one the recorder writes ("unknown"):
-    compared across members, unknown is no disagreement."""
-    return pl.when(pl.col("op") != "unknown").then(pl.col("op"))
-
-
-def shape_key(as_text: bool = False) -> pl.Expr:
-    """What must be equal across members: outputs for reduce_scatter, inputs for the rest, nothing for ops
-    whose members' shapes may differ. Shapes are categoricals over one set of categories (equal text, equal
-    id), so matching compares ids and spares turning millions of rows back into strings; the top id stands for
-    "nothing to compare". `as_text` for the few divergent collectives a report shows."""
-    def shape(column: str) -> pl.Expr:
-        return pl.col(column).cast(pl.String) if as_text else pl.col(column).to_physical()
-
-    return (
-        # (an op not known: which of its shapes to compare isn't either)
-        pl.when(pl.col("op") == "unknown").then(pl.lit(None, pl.String if as_text else pl.UInt32))
-        .when(pl.col("op").is_in(_UNEQUAL_SHAPES)).then(pl.lit("") if as_text else pl.lit(2**32 - 1, pl.UInt32))
-        .when(pl.col("op").is_in(["reduce_scatter", "reduce_scatter_coalesced"])).then(shape("output_sizes"))
-        .otherwise(shape("input_sizes"))
-    )
-
-
-def all_to_all_totals_ok() -> pl.Expr:
-    """Per collective (in a group_by): what all members send adds up to what they all receive."""
-    return (
-        (pl.col("op").first() != "all_to_all")
-        | (pl.col("input_numel").sum() == pl.col("output_numel").sum())
-        | pl.col("input_numel").is_null().any() | pl.col("output_numel").is_null().any()
-    )
 
 
 # ---------------------------------------------------------------------------------------------- units
@@ -421,124 +371,6 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
         .alias("status")
     )
     return conform(inst, COLLECTIVES).sort("group", "collective_seq_id")
-
-
-def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.DataFrame:
-    """For each divergent collective: the ranks whose `field` differs from the most common value."""
-    u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
-        field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())   # (unknown is no side)
-    counts = u.group_by("group", "collective_seq_id", "_v").agg(pl.len().alias("_n"), pl.col("rank").sort())
-    ranked = counts.sort("_n", "_v", descending=[True, False]).group_by(
-        "group", "collective_seq_id", maintain_order=True)
-    return ranked.agg(
-        pl.col("_v").first().alias("majority"),
-        pl.col("_v").slice(1).str.join(" / ").alias("minority"),
-        pl.col("rank").slice(1).list.explode(keep_nulls=False, empty_as_null=False).sort().alias("ranks"),
-        # blame needs a strict majority: a tie, or one rank against one, can't say who is wrong
-        ((pl.col("_n").len() > 1) & (pl.col("_n").first() > pl.col("_n").slice(1).sum())).not_().alias("ambiguous"),
-    )
-
-
-def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame | None,
-                            field: pl.Expr) -> pl.DataFrame:
-    """Ambiguous rows of `m` (`_minority`: one rank against one, or a tie) settled by the group's peers: the
-    groups of the same kind (pg_desc) at the same seq run the same program. Where every peer group that
-    recorded it agreed within itself, all on one value, and one side here has that value, the other side is
-    wrong (`peer_groups`: how many peers said so). Else the row stays ambiguous."""
-    unsettled = m.filter(pl.col("ambiguous"))
-    if unsettled.height == 0 or groups is None:
-        return m
-    desc = groups.select("group", pl.col("pg_desc")).filter(pl.col("pg_desc").is_not_null() & (pl.col("pg_desc") != ""))
-    wanted = unsettled.select("group", "collective_seq_id").join(desc, on="group")
-    peers = (desc.join(wanted.select("pg_desc", "collective_seq_id", pl.col("group").alias("_of")), on="pg_desc")
-             .filter(pl.col("group") != pl.col("_of")))
-    if peers.height == 0:
-        return m
-    values = (units.lazy().join(peers.lazy().select("group", "collective_seq_id", "_of").unique(),
-                                on=["group", "collective_seq_id"])
-              .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
-              .group_by("_of", "group", "collective_seq_id").agg(pl.col("_v").unique())
-              .group_by("_of", "collective_seq_id")
-              .agg(pl.col("_v").list.explode(keep_nulls=False, empty_as_null=False).unique().alias("_vs"),
-                   pl.len().alias("peer_groups")).collect())
-    agreed = (values.filter(pl.col("_vs").list.len() == 1)
-              .select(pl.col("_of").alias("group"), "collective_seq_id", pl.col("_vs").list.first().alias("_usual"),
-                      "peer_groups"))
-    sides = (units.join(unsettled.select("group", "collective_seq_id"), on=["group", "collective_seq_id"])
-             .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
-             .join(agreed, on=["group", "collective_seq_id"])
-             .group_by("group", "collective_seq_id")
-             .agg((pl.col("_v") == pl.col("_usual")).any().alias("_has_usual"),
-                  pl.col("rank").filter(pl.col("_v") != pl.col("_usual")).sort().alias("_wrong"),
-                  pl.col("_v").filter(pl.col("_v") != pl.col("_usual")).unique().sort().str.join(" / ").alias("_odd"),
-                  pl.col("_usual").first(), pl.col("peer_groups").first()))
-    settled = sides.filter(pl.col("_has_usual") & (pl.col("_wrong").list.len() > 0))
-    if settled.height == 0:
-        return m
-    return (m.join(settled.drop("_has_usual"), on=["group", "collective_seq_id"], how="left")
-            .with_columns(pl.coalesce("_wrong", "ranks").alias("ranks"),
-                          pl.coalesce("_usual", "majority").alias("majority"),
-                          pl.coalesce("_odd", "minority").alias("minority"),
-                          (pl.col("ambiguous") & pl.col("_wrong").is_null()).alias("ambiguous"))
-            .drop("_wrong", "_usual", "_odd"))
-
-
-def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
-    """Size mismatches where members agree on the input but some output breaks the op's own rule."""
-    u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
-        size_rule_ok().alias("_ok"))
-    return u.group_by("group", "collective_seq_id").agg(
-        pl.col("rank").filter(~pl.col("_ok")).sort().alias("_bad"),
-        pl.format("output {} for input {}", pl.col("output_sizes").cast(pl.String),
-                  pl.col("input_sizes").cast(pl.String)).filter(~pl.col("_ok")).first().alias("_bad_text"),
-    )
-
-
-def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame,
-                groups: pl.DataFrame | None = None) -> pl.DataFrame:
-    """Each group's first collective that is a mismatch or that some members never joined. With `groups`, a
-    mismatch between two members (or a tie) is settled by the peer groups of the same kind where they agree."""
-    bad = colls.filter(pl.col("status").is_in([*MISMATCH_STATUSES, "not_joined"]))
-    if bad.height == 0:
-        return pl.DataFrame(schema=DIVERGENCES)
-    firsts = bad.sort("collective_seq_id").group_by("group", maintain_order=True).first()
-    later = (
-        colls.join(firsts.select("group", pl.col("collective_seq_id").alias("_first")), on="group")
-        .filter((pl.col("collective_seq_id") > pl.col("_first")) & pl.col("status").is_in(MISMATCH_STATUSES))
-        .group_by("group").agg(pl.len().alias("later_mismatches"))
-    )
-    parts = []
-    for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
-                          ("size_mismatch", shape_key(as_text=True))):
-        sel = firsts.filter(pl.col("status") == status)
-        if sel.height:
-            m = _minority(units, sel, field)
-            if status == "size_mismatch":
-                # one shape everywhere, yet the op's rule is broken on some ranks: those ranks are the culprits
-                si = _self_inconsistent(units, sel)
-                m = m.join(si, on=["group", "collective_seq_id"], how="left").with_columns(
-                    pl.when(pl.col("minority") == "").then("_bad").otherwise("ranks").alias("ranks"),
-                    pl.when(pl.col("minority") == "").then("_bad_text").otherwise("minority").alias("minority"),
-                    pl.when(pl.col("minority") == "").then(pl.lit(False)).otherwise("ambiguous").alias("ambiguous"),
-                ).drop("_bad", "_bad_text")
-            m = _settled_by_peer_groups(m, units, groups, field)
-            parts.append(sel.join(m, on=["group", "collective_seq_id"]))
-    nj = firsts.filter(pl.col("status") == "not_joined")
-    if nj.height:
-        laggards = (
-            prog.join(nj.select("group", "collective_seq_id"), on="group")
-            .filter(pl.col("last_enqueued") < pl.col("collective_seq_id"))
-            .group_by("group", "collective_seq_id")
-            .agg(pl.col("rank").sort().alias("ranks"),
-                 pl.col("last_enqueued").max().cast(pl.String).alias("minority"))
-        )
-        parts.append(nj.join(laggards, on=["group", "collective_seq_id"], how="left").with_columns(
-            pl.col("op").cast(pl.String).alias("majority"),
-            (pl.col("size") <= 2).alias("ambiguous"),
-        ))
-    out = pl.concat([conform(p, DIVERGENCES) for p in parts]).drop("later_mismatches")
-    out = out.join(later, on="group", how="left").with_columns(pl.col("later_mismatches").fill_null(0))
-    return conform(out, DIVERGENCES).sort("group", "collective_seq_id")
 
 
 # ---------------------------------------------------------------------------------------------- p2p
