@@ -144,17 +144,15 @@ def test_every_file_unreadable_exits_2(tmp_path):
 
 def test_unreadable_file_is_refused(job_dir, monkeypatch):
     """Root reads any file, so the permission error is injected where the reader opens the file."""
-    import importlib
+    from flightrec import parse_pool
 
-    load_mod = importlib.import_module("flightrec.load")  # the package exports a function of the same name
-
-    real = load_mod.read_dump_bytes
+    real = parse_pool.read_dump_bytes
 
     def deny(path):
         if path.name.endswith("_7"):
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
-    monkeypatch.setattr(load_mod, "read_dump_bytes", deny)
+    monkeypatch.setattr(parse_pool, "read_dump_bytes", deny)
     trace, _ = _quiet_load(job_dir, workers=1)
     assert trace.missing_ranks == [7]
     assert "Permission denied" in trace.dumps.filter(trace.dumps["rank"] == 7)["problems"][0][0]

@@ -1,0 +1,204 @@
+"""Parsing in a process pool: each worker reads a chunk of dump files (rank order) and turns it into Arrow
+columns (the tape reader a batch at a time where numba is installed and the input is large, else the
+plain-data unpickler a file at a time); entries come back through spool files the parent memory-maps.
+Errors come back as data: one bad file never stops the job."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import pyarrow as pa
+
+from . import fastflat, tape
+from .discover import DumpFile
+from .errors import FlightrecError
+from .flatten import derive_entries, flatten_dump, merge_parts
+from .readers import parse_dump_bytes, read_dump_bytes
+
+# Below this much input the tape reader's start (each worker importing numba and loading the compiled walker:
+# ~0.45 s, all at once) costs more than it saves. Measured on two workers with 8,192 x 200 dumps (half their
+# bytes the 8,192-rank world list): even at 1,024 files (95 MB), 1.3 s either way; at 2,048 (190 MB), 1.7 vs 2.5 s.
+TAPE_MIN_BYTES = 128 << 20
+
+
+def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
+    """Worker: read (unless `data` was) and flatten one file. Errors come back as data so one bad file can't
+    stop the job."""
+    try:
+        dump, fmt = parse_dump_bytes(read_dump_bytes(Path(path)) if data is None else data, path)
+        out = flatten_dump(dump, rank)
+        del dump
+        out["metas"][0].update(format=fmt, loaded=True)
+        return out
+    except FlightrecError as exc:
+        return _refused(rank, str(exc))
+    except (OSError, RecursionError, MemoryError) as exc:
+        return _refused(rank, f"{path}: could not be read ({type(exc).__name__}: {exc})")
+
+
+# The tape's tables take ~10 bytes per byte of input: files go through it a few MB at a time (enough to spread
+# its per-call numpy work over dozens of 200-entry files), so a worker's memory stays bounded.
+_TAPE_BATCH_BYTES = 8 << 20
+
+
+def _batches(sizes: list[int], limit: int) -> list[list[int]]:
+    """Consecutive indexes of `sizes`, grouped so each group's total stays under `limit` (a bigger one alone)."""
+    out: list[list[int]] = [[]]
+    held = 0
+    for i, size in enumerate(sizes):
+        if out[-1] and held + size > limit:
+            out.append([])
+            held = 0
+        out[-1].append(i)
+        held += size
+    return [b for b in out if b]
+
+
+def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
+    """A chunk of files through the tape reader a batch at a time (`fastflat.flatten_pickles`): a part per
+    batch. The files it doesn't take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
+    datas, taken, others = [], [], {}
+    for path, rank in items:
+        try:
+            data = read_dump_bytes(Path(path))
+        except (FlightrecError, OSError):
+            continue   # (read again by _parse_one, which reports why)
+        if data[:1] == b"\x80":
+            datas.append(data)
+            taken.append((path, rank))
+        else:
+            others[(path, rank)] = data   # JSON (and below, pickles the tape leaves): read once, parsed as ever
+    parts, done = [], set()
+    for batch in _batches([len(d) for d in datas], _TAPE_BATCH_BYTES):
+        try:
+            part, read = fastflat.flatten_pickles([datas[i] for i in batch], [taken[i][1] for i in batch])
+        except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them
+            continue
+        if part is not None:
+            for meta in part["metas"]:
+                meta.update(format="pickle", loaded=True)
+            parts.append(part)
+            done.update(batch[j] for j in read)
+    others.update((item, datas[i]) for i, item in enumerate(taken) if i not in done)
+    del datas
+    done_items = {taken[i] for i in done}
+    parts.extend(_parse_one(*item, others.pop(item, None)) for item in items if item not in done_items)
+    return parts
+
+
+def _refused(rank: int, reason: str) -> dict:
+    meta = {"rank": rank, "version": None, "backend": None, "comm_lib_version": None, "entry_count": 0,
+            "problems": [reason], "format": None, "loaded": False}
+    return {"metas": [meta], "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
+
+
+def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None, use_tape: bool = False) -> dict:
+    """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces.
+
+    The cyclic garbage collector is paused meanwhile: unpickling allocates millions of dicts and lists, and
+    each allocation burst would trigger a full scan (~40% of the time) of objects that hold no cycles and
+    are dropped as soon as the file is flattened."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_chunk_inner(items, spool, use_tape)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None, use_tape: bool) -> dict:
+    out = merge_parts(_parse_with_tape(items) if use_tape else [_parse_one(path, rank) for path, rank in items])
+    entries = out["entries"] = derive_entries(out["entries"]) if out["entries"] is not None else None
+    if entries is not None and spool is not None:
+        # Columns go back through a file the parent memory-maps, not through the result pipe: the parent then
+        # never unpickles bulk data, which would make it the bottleneck of the pool.
+        path = os.path.join(spool, f"chunk{items[0][1]}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, entries.schema) as writer:
+            writer.write_table(entries)
+        out["entries"] = path
+    return out
+
+
+CHUNK_BYTES = 48 << 20  # a worker holds one chunk's columns at a time: this bounds its memory
+
+
+def _chunks(files: list[DumpFile], n_chunks: int) -> list[list[tuple[str, int]]]:
+    """Consecutive files (rank order), at least n_chunks chunks, none much over CHUNK_BYTES of input."""
+    target = min(CHUNK_BYTES, max(1, sum(f.size for f in files) // n_chunks))
+    chunks: list[list[tuple[str, int]]] = [[]]
+    held = 0
+    for f in files:
+        if chunks[-1] and held + f.size > target:
+            chunks.append([])
+            held = 0
+        chunks[-1].append((str(f.path), f.rank))
+        held += f.size
+    return chunks
+
+
+def _keep_freed_memory() -> None:
+    """Worker: glibc's malloc keeps what it frees for the next allocation instead of returning it to the
+    system. A worker makes and drops the same few big tables for every batch; fresh pages from the system
+    cost ~2-7 us each on VMs (a batch's tables are ~10 MB: 2,600 page faults), 10-40% of the tape walk. The
+    worker's memory then stays at its high-water mark (one chunk's tables) until the pool closes."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 256 << 20)   # M_MMAP_THRESHOLD: blocks under this come from the heap, reused
+        libc.mallopt(-1, 1 << 30)     # M_TRIM_THRESHOLD: the heap's free top is kept up to this
+    except (OSError, AttributeError):
+        pass   # not glibc: its default behaviour is fine, only slower
+
+
+def _start_worker(use_tape: bool) -> None:
+    _keep_freed_memory()
+    if use_tape:
+        tape.warm(own_process=True)
+
+
+def _use_tape(reader: str, total_bytes: int) -> bool:
+    if reader not in ("auto", "tape", "unpickler"):
+        raise FlightrecError(f"unknown reader {reader!r}: use 'auto', 'tape' or 'unpickler'")
+    if reader == "tape" and not tape.available():
+        raise FlightrecError("the tape reader needs numba: pip install 'flightrec[fast]', or read with the "
+                             "'auto' or 'unpickler' reader")
+    return reader == "tape" or (reader == "auto" and total_bytes >= TAPE_MIN_BYTES and tape.available())
+
+
+def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress: Callable[[int, int], None] | None,
+              spool: str | None = None) -> list[dict]:
+    """Every file parsed into per-chunk tables, by `workers` processes (default: one per core); `reader` as in
+    `LoadOptions`; `progress(done_files, total_files)` as chunks come back; entries through `spool` files."""
+    workers = workers or os.cpu_count() or 1
+    # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
+    chunks = _chunks(files, max(1, min(len(files), workers * 8)))
+    use_tape = _use_tape(reader, sum(f.size for f in files))
+    results: list[dict] = []
+    done = 0
+    if workers == 1 or len(files) < 8:
+        for chunk in chunks:
+            results.append(_parse_chunk(chunk, None, use_tape))  # in-process: the table stays in memory
+            done += len(chunk)
+            if progress:
+                progress(done, len(files))
+        return results
+    # Workers only unpickle and build Arrow arrays (no Polars, whose thread pool is not fork-safe), so fork is
+    # safe and starts instantly; spawn would re-import everything and re-run unguarded user scripts.
+    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+    # Each worker loads the compiled reader itself, all at once (`_start_worker`): loaded in this process
+    # before the fork it was ~0.9 s of one core while the others waited.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker,
+                             initargs=(use_tape,)) as pool:
+        for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks),
+                                                  [use_tape] * len(chunks))):
+            results.append(result)
+            done += len(chunk)
+            if progress:
+                progress(done, len(files))
+    return results
