@@ -6,22 +6,27 @@ some rank ran A #a and B #b the other way round than the rest, or skipped A #a a
 have rolled past A: pg_status placed it). The dumps can't tell those two apart, but they show who: every other
 rank that ran or reached one of the two says which comes first in the program, by kind of group (pg_desc: its
 own dp group's #a is the same point of the program as this rank's). A rank that joined A #a and has not
-reached B #b (or recorded A #a before a B #x, x <= b) puts A first; one that did the opposite puts B first. The
-rank whose own order most ranks contradict is the one that broke it. When no single rank does (A ran g1 first
-and B g2, nobody else says which), the cycle is a deadlock with no side to blame.
+reached B #b (or recorded A #a before a B #x, x <= b) puts A first; one that did the opposite puts B first.
 
-Small frames: the cycle's ranks and groups, the progress per kind of group, the few units at the seqs in
-question; never a loop over entries.
+A rank is named only when more ranks contradict its order than share it, and none shares it: where groups of
+one kind legitimately count differently (a first pipeline stage with an extra tp collective per step) or
+stages run them in another order, other ranks share the "odd" order and the cycle stays a deadlock with no
+side to blame, as it does when nobody else ran either (a two-rank world).
+
+Votes are counted once per distinct pair of collectives (a cycle of thousands of ranks has one or two), from
+the progress per kind of group and each rank's first and last record of them; never a join of ranks by ranks.
 """
 
 from __future__ import annotations
 
 import polars as pl
 
+_PAIR = ["_da", "_a", "_db", "_b"]
+
 
 def odd_one_out(progress: pl.DataFrame, groups: pl.DataFrame, units: pl.DataFrame, edges: pl.DataFrame,
                 ranks: list[int], cycle_groups: list[str]) -> tuple[int, str, int] | None:
-    """(rank, group, seq): the cycle's rank whose order of two collectives most other ranks contradict, and
+    """(rank, group, seq): the cycle's rank whose order of two collectives the other ranks contradict, and
     the collective it never joined (A #a, where the others wait on it); None when no single rank stands out."""
     steps = _steps(edges, groups, ranks, cycle_groups)
     if steps.height == 0:
@@ -31,15 +36,17 @@ def odd_one_out(progress: pl.DataFrame, groups: pl.DataFrame, units: pl.DataFram
     where = (progress.filter(pl.col("last_enqueued").is_not_null()).join(kind, on="group")
              .group_by("rank", "pg_desc").agg(pl.col("last_enqueued").first(), pl.len().alias("_n"))
              .filter(pl.col("_n") == 1).drop("_n"))
-    a_first = _says_first(steps, where, units, kind, ("_da", "_a"), ("_db", "_b"))
-    b_first = _says_first(steps, where, units, kind, ("_db", "_b"), ("_da", "_a"))
-    votes = (steps.join(a_first, on="rank", how="left").join(b_first, on="rank", how="left", suffix="_b")
-             .with_columns(pl.col("_says").fill_null(0), pl.col("_says_b").fill_null(0)))
-    # (the rank itself ran B first: it is among the ones that say so)
-    broke = votes.filter(pl.col("_says") > pl.col("_says_b"))
+    pairs = steps.select(_PAIR).unique()
+    a_first = _voters(pairs, where, units, kind, ("_da", "_a"), ("_db", "_b"))
+    b_first = _voters(pairs, where, units, kind, ("_db", "_b"), ("_da", "_a"))
+    votes = (steps.join(a_first, on=_PAIR, how="left").join(b_first, on=_PAIR, how="left", suffix="_b")
+             .with_columns(pl.col("_voters").fill_null([]), pl.col("_voters_b").fill_null([])))
+    # its order is its own alone (it may not count itself: a rank in two groups of one kind has no vote)
+    broke = votes.filter((pl.col("_voters").list.len() > pl.col("_voters_b").list.len())
+                         & pl.col("_voters_b").list.set_difference(pl.concat_list("rank")).list.len().eq(0))
     if broke["rank"].n_unique() != 1:
         return None
-    rank, group, seq = broke.sort("_says", descending=True).select("rank", "_group", "_a").row(0)
+    rank, group, seq = broke.sort(pl.col("_voters").list.len(), descending=True).select("rank", "_group", "_a").row(0)
     return rank, group, seq
 
 
@@ -61,24 +68,27 @@ def _steps(edges: pl.DataFrame, groups: pl.DataFrame, ranks: list[int], cycle_gr
             .drop_nulls(["_a", "_b"]))
 
 
-def _says_first(steps: pl.DataFrame, where: pl.DataFrame, units: pl.DataFrame, kind: pl.DataFrame,
-                first: tuple[str, str], then: tuple[str, str]) -> pl.DataFrame:
-    """(rank, _says): for each cycle rank's pair, how many ranks show `first` (kind, seq) before `then` in
-    their program: they joined the first and have not reached the second, or recorded the first before one of
-    the second's kind at or below its seq."""
+def _voters(pairs: pl.DataFrame, where: pl.DataFrame, units: pl.DataFrame, kind: pl.DataFrame,
+            first: tuple[str, str], then: tuple[str, str]) -> pl.DataFrame:
+    """(pair..., _voters): per distinct pair, the ranks that show `first` (kind, seq) before `then` in their
+    program: they joined the first and have not reached the second, or recorded the first before an entry
+    of the second's kind at or below its seq."""
     (d1, s1), (d2, s2) = first, then
-    pairs = steps.select("rank", pl.col(d1).alias("_d1"), pl.col(s1).alias("_s1"), pl.col(d2).alias("_d2"),
-                         pl.col(s2).alias("_s2")).unique()
-    p1 = where.rename({"rank": "_s", "pg_desc": "_d1", "last_enqueued": "_p1"})
-    p2 = where.rename({"rank": "_s", "pg_desc": "_d2", "last_enqueued": "_p2"})
-    reached = (pairs.join(p1, on="_d1").join(p2, on=["_d2", "_s"])
-               .filter((pl.col("_p1") >= pl.col("_s1")) & (pl.col("_p2") < pl.col("_s2"))).select("rank", "_s"))
-    # recorded both: the first's entry before an entry of the second's kind at or below its seq
-    seqs = (units.lazy().select("group", "collective_seq_id", "rank", "record_id")
-            .join(kind.lazy(), on="group").rename({"rank": "_s"}))
-    at_first = (seqs.join(pairs.lazy(), left_on=["pg_desc", "collective_seq_id"], right_on=["_d1", "_s1"])
-                .select("rank", "_s", "_d2", "_s2", pl.col("record_id").alias("_r1")))
-    recorded = (at_first.join(seqs, left_on=["_s", "_d2"], right_on=["_s", "pg_desc"])
-                .filter((pl.col("collective_seq_id") <= pl.col("_s2")) & (pl.col("record_id") > pl.col("_r1")))
-                .select("rank", "_s").collect())
-    return (pl.concat([reached, recorded]).unique().group_by("rank").agg(pl.len().alias("_says")))
+    keyed = pairs.with_columns(pl.col(d1).alias("_d1"), pl.col(s1).alias("_s1"), pl.col(d2).alias("_d2"),
+                               pl.col(s2).alias("_s2"))
+    p1 = where.rename({"rank": "_v", "pg_desc": "_d1", "last_enqueued": "_p1"})
+    p2 = where.rename({"rank": "_v", "pg_desc": "_d2", "last_enqueued": "_p2"})
+    reached = (keyed.join(p1, on="_d1").join(p2, on=["_d2", "_v"])
+               .filter((pl.col("_p1") >= pl.col("_s1")) & (pl.col("_p2") < pl.col("_s2"))).select(*_PAIR, "_v"))
+    # recorded both: each rank's first record of the first, and its last record of the second's kind at or
+    # below its seq (one row per rank and pair each, whatever the size of the job)
+    seqs = (units.lazy().select("group", "collective_seq_id", "rank", "record_id").join(kind.lazy(), on="group")
+            .rename({"rank": "_v"}))
+    at_first = (seqs.join(keyed.lazy(), left_on=["pg_desc", "collective_seq_id"], right_on=["_d1", "_s1"])
+                .group_by(*_PAIR, "_v").agg(pl.col("record_id").min().alias("_r1")))
+    later = (seqs.join(keyed.lazy().select(*_PAIR, "_d2", "_s2"), left_on="pg_desc", right_on="_d2")
+             .filter(pl.col("collective_seq_id") <= pl.col("_s2"))
+             .group_by(*_PAIR, "_v").agg(pl.col("record_id").max().alias("_r2")))
+    recorded = (at_first.join(later, on=[*_PAIR, "_v"]).filter(pl.col("_r2") > pl.col("_r1"))
+                .select(*_PAIR, "_v").collect())
+    return (pl.concat([reached, recorded]).unique().group_by(_PAIR).agg(pl.col("_v").sort().alias("_voters")))

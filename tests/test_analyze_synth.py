@@ -143,6 +143,27 @@ def test_a_deadlock_of_two_is_settled_by_the_ranks_that_ran_both(make_job):
     assert root.evidence["deadlock"]["ranks"] == [0, 2]
 
 
+def test_a_deadlock_where_stages_run_the_two_in_other_orders_blames_no_bystander(make_job, monkeypatch):
+    """Pipeline stage 0 runs its dp all_reduce before the world one, stages 1-3 the other way (legitimate: dp
+    groups are per stage). Rank 0 takes the other stages' order and deadlocks with its dp peer, rank 8. Twelve
+    ranks of other stages show rank 0's order, so it is no odd one out, and neither is rank 8: the cycle is
+    a deadlock of both (a review found rank 8 named alone)."""
+    schedule = synth._schedule
+
+    def stages_differ(job, rank, by_rank, steps=None):
+        ops = list(schedule(job, rank, by_rank, steps))
+        if job.coords(rank)[1] != 0:
+            for i in [i for i, o in enumerate(ops) if o.group.desc == "dp"]:
+                ops[i], ops[i + 1] = ops[i + 1], ops[i]
+        return ops
+
+    monkeypatch.setattr(synth, "_schedule", stages_differ)
+    job = synth.Job(tp=2, pp=4, dp=2, steps=3, fault=synth.Fault(kind="deadlock", rank=0, phase="dp"))
+    report, _ = run(make_job, job)
+    root = report.root_causes[0]
+    assert (root.kind, root.ranks) == ("deadlock", [0, 8])
+
+
 def test_a_deadlock_nobody_else_can_order_names_both_sides(make_job):
     """Two ranks, each the other's only peer in both groups: rank 1 runs them in the other order, and no third
     rank says which order is the program's. A deadlock of both, not a guess."""
