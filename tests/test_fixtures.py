@@ -138,3 +138,39 @@ def test_rolled_past_rank_5_is_named_from_its_pg_status(case):
     prog = report.matching.progress.filter((pl.col("group").cast(pl.String) == fault["process_group_name"])
                                            & (pl.col("rank") == 5))
     assert prog["first_seq"].to_list() == [None] and prog["last_enqueued"].to_list() == [fault["collective_seq_id"] - 1]
+
+
+def test_order_swap_names_rank_6_the_rank_that_broke_the_order():
+    """order_swap: from step 2 rank 6 runs the grad-norm all_reduce on default_pg before its dp all_reduce, every
+    other rank after it. Rank 2 waits in dp for rank 6; rank 6, with the six others, waits in default_pg for rank
+    2: a wait cycle, nothing skipped, nothing rolled out. The dumps show the swap (rank 6's newest default_pg entry
+    is one ahead of rank 2's, its newest dp entry one behind) and every other rank recorded dp #k before default_pg
+    #k+1, so rank 6 is the odd one out (cycles.py): not_joined in its dp group at the dp seq it ran late."""
+    fault = expected("order_swap")["fault"]
+    swap = fault["swap"]
+    report = _analyze("order_swap")
+    entries = report.trace.entries.with_columns(pl.col("pg_desc").cast(pl.String))
+    newest = {(r, d): q for r, d, q in entries.group_by("rank", "pg_desc").agg(pl.col("collective_seq_id").max())
+              .iter_rows()}
+    assert (newest[(6, "default_pg")], newest[(6, "dp")]) == (swap["newest_seq"]["default_pg"],
+                                                             swap["newest_seq"]["dp"]) == (4, 2)
+    assert (newest[(2, "default_pg")], newest[(2, "dp")]) == (swap["partner_newest_seq"]["default_pg"],
+                                                             swap["partner_newest_seq"]["dp"]) == (3, 3)
+    # everyone else: dp #3 recorded before default_pg #4; rank 6 recorded default_pg #4 and no dp #3
+    at = {(r, d): rid for r, d, rid in entries.filter(
+        ((pl.col("pg_desc") == "dp") & (pl.col("collective_seq_id") == 3))
+        | ((pl.col("pg_desc") == "default_pg") & (pl.col("collective_seq_id") == 4))
+    ).select("rank", "pg_desc", "record_id").iter_rows()}
+    assert all(at[(r, "dp")] < at[(r, "default_pg")] for r in (0, 1, 3, 4, 5, 7))
+    assert (6, "dp") not in at and (2, "default_pg") not in at and (6, "default_pg") in at
+    # nothing rolled out: every rank's entries start at record 0
+    assert set(entries.group_by("rank").agg(pl.col("record_id").min())["record_id"].to_list()) == {0}
+
+    assert report.verdict == "fault"
+    assert report.culprits["ranks"] == [6] and report.culprits["hosts"] == ["node1"]
+    root = report.root_causes[0]
+    assert (root.kind, root.ranks, root.collective_seq_id) == ("not_joined", [6], fault["collective_seq_id"]) \
+        == ("not_joined", [6], 3)
+    assert (root.process_group.name, root.process_group.desc) == (fault["process_group_name"], "dp") == ("5", "dp")
+    assert sorted(root.evidence["deadlock"]["ranks"]) == fault["deadlock"]["ranks"] == [2, 6]
+    assert sorted(root.evidence["deadlock"]["groups"]) == sorted(fault["deadlock"]["groups"]) == ["0", "5"]

@@ -113,3 +113,21 @@ def test_rolled_past_default_agree_where_it_is_right():
     missing = sorted(int(x) for x in re.search(r"missing ranks: \{([\d, ]+)\}", second)[1].split(","))
     root = _analyze("rolled_past_default").root_causes[0]
     assert (root.kind, root.ranks, root.collective_seq_id) == ("not_joined", missing, seq) == ("not_joined", [5], 4)
+
+
+def test_order_swap_it_reports_the_victim_first_we_name_the_rank_that_broke_the_order():
+    """Rank 6 ran the default_pg grad-norm all_reduce (seq 4) before its dp all_reduce (dp '5' seq 3). With the
+    layout repaired, torchfrtrace reports both waits of the cycle, unranked, and the first one names rank 2 (the
+    dp partner held in dp seq 3, a victim) missing from default_pg seq 4; rank 6 comes second, missing from dp seq
+    3. We name rank 6 alone, with the cycle as evidence."""
+    first, second = golden("order_swap")
+    assert "KeyError" in first
+    found = [(int(q), g, sorted(int(x) for x in m.split(",")))
+             for q, g, m in re.findall(r"sequence number: (\d+)\n.*?group info: (\S+)\n.*?missing ranks: \{([\d, ]+)\}",
+                                       second, re.S)]
+    assert found == [(4, "0:default_pg", [2]), (3, "5:dp", [6])]
+    report = _analyze("order_swap")
+    root = report.root_causes[0]
+    assert report.culprits["ranks"] == [6] == expected("order_swap")["fault"]["ranks"]
+    assert (root.kind, root.collective_seq_id, root.process_group.name) == ("not_joined", 3, "5")
+    assert sorted(root.evidence["deadlock"]["ranks"]) == [2, 6]
