@@ -214,7 +214,7 @@ def _odd_one_out(ctx: _Context, ranks: list[int], groups: list[str]) -> Finding 
     doing = ctx.describe_last(rank)
     msg = (f"{ctx.rank_label(rank)} never joined {op} #{seq} in {g.label() if g else group}; {len(waiting):,} "
            f"rank{'s' if len(waiting) != 1 else ''} wait on it. It went on to {doing}, which {ctx.ranks_label(others)} "
-           "can't reach while they wait on it: a deadlock of its order against everyone else's")
+           "can't reach while waiting on it: a deadlock of its order against everyone else's")
     return Finding(
         kind="not_joined", role="root_cause", message=msg, ranks=[rank], hosts=ctx.topo.hosts([rank]),
         process_group=g, collective_seq_id=seq, op=op,
