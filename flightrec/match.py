@@ -284,15 +284,21 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
                 .join(groups.group_by("rank").agg(pl.len().alias("_g"), pl.col("group").first()), on="rank")
                 .filter((pl.col("_k") == 1) & (pl.col("_g") == 1)))
     # Else by the key the group's other members use for it (processes make their groups in one order: a group's
-    # local id is the same on its members), where they all use one and the rank has that key unread.
+    # local id is the same on its members), where they all use one and the rank has that key unread. Only
+    # members with the same local ids as the rank count: where some ranks are in an extra group (a first stage's
+    # embedding group), the ids after it shift, and a peer's id for the group is another group's on this rank.
     left = groups.join(one_each, on="rank", how="anti").join(candidates, on=["group", "rank"], how="semi")
     by_peers = one_each.clear().select("rank", "group", "_st")
     if left.height:
-        peer_key = (entries.lazy().filter(pl.col("group").is_in(left["group"].unique().implode()))
-                    .select("group", "pg_id").drop_nulls().unique().collect()
-                    .filter(pl.len().over("group") == 1))
-        by_peers = (left.join(peer_key, on="group").join(keys, on=["rank", "pg_id"])
-                    .filter((pl.len().over("rank", "pg_id") == 1) & (pl.len().over("rank", "group") == 1))
+        ids = pg_status.group_by("rank").agg(pl.col("pg_id").sort().alias("_ids"))
+        used = (entries.lazy().filter(pl.col("group").is_in(left["group"].unique().implode()))
+                .select("group", pl.col("rank").alias("_peer"), "pg_id").drop_nulls().unique().collect()
+                .join(ids.rename({"rank": "_peer"}), on="_peer"))
+        peer_key = (left.join(ids, on="rank").join(used, on=["group", "_ids"])
+                    .select("rank", "group", "pg_id").unique()
+                    .filter(pl.len().over("rank", "group") == 1))
+        by_peers = (peer_key.join(keys, on=["rank", "pg_id"])
+                    .filter(pl.len().over("rank", "pg_id") == 1)
                     .select("rank", "group", "_st"))
     # (a rank none of whose counters can be checked against its entries is taken at its word; one whose
     # counters contradict its entries somewhere is not)

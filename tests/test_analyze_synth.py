@@ -245,6 +245,67 @@ def test_a_rank_whose_ring_holds_only_sends_and_receives_is_placed_by_its_peers_
     assert mine["is_p2p"].any() and mine.filter(~pl.col("is_p2p") & (pl.col("op") != "coalesced")).height == 0
 
 
+def test_a_peers_pg_status_key_is_not_borrowed_where_local_ids_shift(make_job, monkeypatch):
+    """Only first-stage ranks are in a 'pos' group (Megatron's position embedding), made before the 'mp' group:
+    their local ids for mp and dp are one higher than stage 1's. Rank 0's ring rolled its mp entries out, and
+    its peer rank 1 records mp under id 3, which on rank 0 is pos. Borrowed, rank 0 read as behind in mp and a
+    false deadlock of 0 and 1 was named (a review's reproducer); rank 1, which never sent its backward
+    activations, is the culprit."""
+    import copy
+    import pickle
+    from collections import defaultdict
+
+    from flightrec.readers import read_dump
+
+    groups_of, schedule = synth._groups, synth._schedule
+
+    def with_pos_and_mp(job):
+        gs, _ = groups_of(job)
+        made = [g for g in gs if g.desc in ("default_pg", "tp", "pp")]
+        made += [synth._Group("", "pos", [job.rank_of(d, 0, 0)]) for d in range(job.dp)]
+        made += [synth._Group("", "mp", sorted(job.rank_of(d, p, 0) for p in range(job.pp))) for d in range(job.dp)]
+        made += [g for g in gs if g.desc == "dp"]
+        by_rank = defaultdict(dict)
+        for i, g in enumerate(made):
+            g.name = str(i)
+            for r in g.ranks:
+                by_rank[r][g.desc] = g
+        return made, by_rank
+
+    def mp_first(job, rank, by_rank, steps=None):
+        out, counts = [], defaultdict(int)
+        for i, op in enumerate(schedule(job, rank, by_rank, steps)):
+            if i == 0 or out[-1].step != op.step:
+                extra = ["pos"] if "pos" in by_rank[rank] and op.step == 0 else []
+                for desc in [*extra, "mp"]:
+                    new = copy.copy(op)
+                    new.group, new.name, new.in_sizes, new.out_sizes = by_rank[rank][desc], "all_reduce", [[8]], [[8]]
+                    new.is_p2p, new.parts, new.dtype, new.keys = False, [], "Float", [("c", new.group.name, 0)]
+                    out.append(new)
+            out.append(op)
+        renumbered = []
+        for op in out:   # (instance keys renumbered per group in the new order; the ops are shared: copied)
+            if op.keys and op.keys[0][0] == "c":
+                op = copy.copy(op)
+                counts[op.group.name] += 1
+                op.keys = [("c", op.group.name, counts[op.group.name])]
+            renumbered.append(op)
+        return renumbered
+
+    monkeypatch.setattr(synth, "_groups", with_pos_and_mp)
+    monkeypatch.setattr(synth, "_schedule", mp_first)
+    job = synth.Job(tp=1, pp=2, dp=2, steps=3, fault=synth.Fault(kind="not_joined", rank=1, phase="p2p"))
+    out, truth = make_job(job, per_host_folders=True)
+    path = next(out.rglob("nccl_trace_rank_0"))
+    dump = read_dump(path)[0]
+    last_mp = max(i for i, e in enumerate(dump["entries"]) if e["process_group"][1] == "mp")
+    dump["entries"] = dump["entries"][last_mp + 1:]
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    report = analyze(out, use_cache=False)
+    assert culprits(report)[0] == truth["ranks"] == [1]
+    assert not any(f.kind == "deadlock" for f in report.findings)
+
+
 def test_ring_buffer_wrap_still_finds_culprit(make_job):
     job = synth.Job(tp=4, pp=2, dp=2, steps=6, buffer_size=40, fault=synth.Fault(kind="not_joined", rank=3))
     report, _ = run(make_job, job)
