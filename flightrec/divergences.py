@@ -29,18 +29,22 @@ def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.D
 def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame | None,
                             field: pl.Expr) -> pl.DataFrame:
     """Ambiguous rows of `m` (`_minority`: one rank against one, or a tie) settled by the group's peers: the
-    groups of the same kind (pg_desc) at the same seq run the same program. Where every peer group that
-    recorded it agreed within itself, all on one value, and one side here has that value, the other side is
-    wrong (`peer_groups`: how many peers said so). Else the row stays ambiguous."""
+    groups of the same kind (pg_desc, not PyTorch's default "undefined") at the same seq, where they ran the
+    same program: the same ops and shapes as this group at every seq before it both recorded, one at least
+    (a first pipeline stage's tp group runs an extra collective a step: the other stages' tp groups are no
+    peers of it; with no history to compare, none is). Where the peers that recorded it each agreed within
+    itself and all on one value, and one side here has that value, the other side is wrong (`peer_groups`:
+    how many said so). Else the row stays ambiguous."""
     unsettled = m.filter(pl.col("ambiguous"))
     if unsettled.height == 0 or groups is None:
         return m
-    desc = groups.select("group", pl.col("pg_desc")).filter(pl.col("pg_desc").is_not_null() & (pl.col("pg_desc") != ""))
+    desc = groups.select("group", pl.col("pg_desc")).filter(~pl.col("pg_desc").fill_null("").is_in(["", "undefined"]))
     wanted = unsettled.select("group", "collective_seq_id").join(desc, on="group")
     peers = (desc.join(wanted.select("pg_desc", "collective_seq_id", pl.col("group").alias("_of")), on="pg_desc")
              .filter(pl.col("group") != pl.col("_of")))
     if peers.height == 0:
         return m
+    peers = _same_history(peers, units)
     values = (units.lazy().join(peers.lazy().select("group", "collective_seq_id", "_of").unique(),
                                 on=["group", "collective_seq_id"])
               .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
@@ -68,6 +72,28 @@ def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.Dat
                           pl.coalesce("_odd", "minority").alias("minority"),
                           (pl.col("ambiguous") & pl.col("_wrong").is_null()).alias("ambiguous"))
             .drop("_wrong", "_usual", "_odd"))
+
+
+def _same_history(peers: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
+    """`peers` (group, collective_seq_id, _of) kept where the peer ran the same ops and shapes as group `_of`
+    at every seq before that both recorded, one at least: the whole recorded history, as each group's lowest
+    rank recorded it (an extra op a step shows only where steps meet, and a step can hold hundreds)."""
+    spans = pl.concat([peers.select("group", "collective_seq_id", "_of"),
+                       peers.select(pl.col("_of").alias("group"), "collective_seq_id", "_of").unique()])
+    mine = units.lazy().join(spans.lazy().select("group").unique(), on="group", how="semi")
+    first = mine.group_by("group").agg(pl.col("rank").min())
+    history = (mine.join(first, on=["group", "rank"], how="semi")
+               .select("group", pl.col("collective_seq_id").alias("_seq"),
+                       pl.format("{} {} {}", pl.col("op"), pl.col("input_sizes"), pl.col("output_sizes")).alias("_did"))
+               .join(spans.lazy(), on="group")
+               .filter(pl.col("_seq") < pl.col("collective_seq_id"))
+               .collect())
+    own = history.filter(pl.col("group") == pl.col("_of")).drop("group")
+    theirs = history.filter(pl.col("group") != pl.col("_of"))
+    alike = (theirs.join(own, on=["_of", "collective_seq_id", "_seq"], suffix="_own")
+             .group_by("group", "_of", "collective_seq_id").agg((pl.col("_did") == pl.col("_did_own")).all())
+             .filter(pl.col("_did")))
+    return peers.join(alike.select("group", "_of", "collective_seq_id"), on=["group", "_of", "collective_seq_id"])
 
 
 def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:

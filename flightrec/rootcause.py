@@ -545,7 +545,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     p2p_culprits = {r for f in roots if f.kind == "p2p_unmatched" for r in f.ranks}
     # a wrong-peer send closes a loop of pipeline waits: that loop is its symptom, not a deadlock
     p2p_cycle = {r for ranks, _ in w.cycles if p2p_culprits & set(ranks) for r in ranks}
-    dead = _deadlock_findings(ctx, p2p_culprits)
+    dead = _deadlock_findings(ctx, explained)   # (a cycle through a mismatched collective is its symptom)
     roots += dead
     explained |= {r for f in dead for r in f.evidence.get("deadlock", {}).get("ranks", f.ranks)} | p2p_cycle
     late, waited_on_late = _late_findings(ctx, loc, timing, timing_options or TimingOptions())

@@ -245,13 +245,55 @@ def test_a_rank_whose_ring_holds_only_sends_and_receives_is_placed_by_its_peers_
     assert mine["is_p2p"].any() and mine.filter(~pl.col("is_p2p") & (pl.col("op") != "coalesced")).height == 0
 
 
+def _opening_each_step(schedule, descs):
+    """A synth schedule where each step opens with an all_reduce in each group `descs(job, rank, by_rank, step)`
+    names (keys of by_rank[rank]), instance keys renumbered per group."""
+    import copy
+    from collections import defaultdict
+
+    def opened(job, rank, by_rank, steps=None):
+        out, counts, renumbered = [], defaultdict(int), []
+        for op in schedule(job, rank, by_rank, steps):
+            if not out or out[-1].step != op.step:
+                for desc in descs(job, rank, by_rank, op.step):
+                    new = copy.copy(op)
+                    new.group, new.name, new.in_sizes, new.out_sizes = by_rank[rank][desc], "all_reduce", [[8]], [[8]]
+                    new.is_p2p, new.parts, new.dtype, new.keys = False, [], "Float", [("c", new.group.name, 0)]
+                    out.append(new)
+            out.append(op)
+        for op in out:   # (the ops are shared between ranks: copied before their keys change)
+            if op.keys and op.keys[0][0] == "c":
+                op = copy.copy(op)
+                counts[op.group.name] += 1
+                op.keys = [("c", op.group.name, counts[op.group.name])]
+            renumbered.append(op)
+        return renumbered
+    return opened
+
+
+def test_a_one_against_one_mismatch_is_not_settled_by_groups_running_another_program(make_job, monkeypatch):
+    """Pipeline stage 0's tp group opens each step with an extra all_reduce (an embedding); rank 1 skips it in
+    the last step and calls its all_gather. The other stages' tp groups at that seq ran another program (their
+    ops before it differ): no peers, so the mismatch stays ambiguous, where a review found rank 0 blamed."""
+    schedule = synth._schedule
+
+    def embedding(job, rank, by_rank, step):
+        first_stage = job.coords(rank)[1] == 0
+        return ["tp"] if first_stage and not (rank == 1 and step == job.steps - 1) else []
+
+    monkeypatch.setattr(synth, "_schedule", _opening_each_step(schedule, embedding))
+    report, _ = run(make_job, synth.Job(tp=2, pp=4, dp=1, steps=3))
+    root = report.root_causes[0]
+    assert (root.kind, root.ranks, root.evidence["ambiguous"]) == ("mismatch", [0, 1], True)
+    assert not any(f.kind == "deadlock" for f in report.findings)
+
+
 def test_a_peers_pg_status_key_is_not_borrowed_where_local_ids_shift(make_job, monkeypatch):
     """Only first-stage ranks are in a 'pos' group (Megatron's position embedding), made before the 'mp' group:
     their local ids for mp and dp are one higher than stage 1's. Rank 0's ring rolled its mp entries out, and
     its peer rank 1 records mp under id 3, which on rank 0 is pos. Borrowed, rank 0 read as behind in mp and a
     false deadlock of 0 and 1 was named (a review's reproducer); rank 1, which never sent its backward
     activations, is the culprit."""
-    import copy
     import pickle
     from collections import defaultdict
 
@@ -272,28 +314,11 @@ def test_a_peers_pg_status_key_is_not_borrowed_where_local_ids_shift(make_job, m
                 by_rank[r][g.desc] = g
         return made, by_rank
 
-    def mp_first(job, rank, by_rank, steps=None):
-        out, counts = [], defaultdict(int)
-        for i, op in enumerate(schedule(job, rank, by_rank, steps)):
-            if i == 0 or out[-1].step != op.step:
-                extra = ["pos"] if "pos" in by_rank[rank] and op.step == 0 else []
-                for desc in [*extra, "mp"]:
-                    new = copy.copy(op)
-                    new.group, new.name, new.in_sizes, new.out_sizes = by_rank[rank][desc], "all_reduce", [[8]], [[8]]
-                    new.is_p2p, new.parts, new.dtype, new.keys = False, [], "Float", [("c", new.group.name, 0)]
-                    out.append(new)
-            out.append(op)
-        renumbered = []
-        for op in out:   # (instance keys renumbered per group in the new order; the ops are shared: copied)
-            if op.keys and op.keys[0][0] == "c":
-                op = copy.copy(op)
-                counts[op.group.name] += 1
-                op.keys = [("c", op.group.name, counts[op.group.name])]
-            renumbered.append(op)
-        return renumbered
+    def pos_and_mp(job, rank, by_rank, step):
+        return (["pos"] if "pos" in by_rank[rank] and step == 0 else []) + ["mp"]
 
     monkeypatch.setattr(synth, "_groups", with_pos_and_mp)
-    monkeypatch.setattr(synth, "_schedule", mp_first)
+    monkeypatch.setattr(synth, "_schedule", _opening_each_step(schedule, pos_and_mp))
     job = synth.Job(tp=1, pp=2, dp=2, steps=3, fault=synth.Fault(kind="not_joined", rank=1, phase="p2p"))
     out, truth = make_job(job, per_host_folders=True)
     path = next(out.rglob("nccl_trace_rank_0"))
