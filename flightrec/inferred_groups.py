@@ -40,9 +40,10 @@ def place_rolled_out_members(groups: pl.DataFrame, entries: pl.DataFrame, pg_sta
     show, and that id is a D group on every rank whose entries show it (processes make their groups in the
     same order). If it is in no D group the entries show, and exactly one D group is short of members
     (smaller than the largest), with exactly as many places as there are such ranks and ranks without entries
-    (`without_entries`: they could be the missing members too), the ranks go there. Anything less certain is left as it is."""
-    inferred = groups.filter((pl.col("source") == "inferred") & (pl.col("pg_desc") != "default_pg")
-                             & pl.col("pg_desc").is_not_null())
+    (`without_entries`: they could be the missing members too), the ranks go there. Anything less certain is
+    left as it is, and so are groups of no kind (PyTorch's default desc "undefined" names none)."""
+    inferred = groups.filter((pl.col("source") == "inferred")
+                             & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
     places = (inferred.with_columns((pl.col("size").max().over("pg_desc") - pl.col("size")).alias("_places"))
               .filter(pl.col("_places") > 0))
     if places.height == 0:
