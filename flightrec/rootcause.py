@@ -219,7 +219,7 @@ def _odd_one_out(ctx: _Context, ranks: list[int], groups: list[str]) -> Finding 
         kind="not_joined", role="root_cause", message=msg, ranks=[rank], hosts=ctx.topo.hosts([rank]),
         process_group=g, collective_seq_id=seq, op=op,
         evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, rank, doing),
-                  "deadlock": {"ranks": ranks, "groups": groups}},
+                  "deadlock": {"ranks": ranks, "groups": groups}, **_counted_only(ctx, [rank], group)},
         stacks=ctx.stack_of(rank, doing),
     )
 
@@ -310,11 +310,23 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
         out.append(Finding(
             kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
-            evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing)},
+            evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing),
+                      **_counted_only(ctx, ranks, group)},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
     # (ranks whose dumps prove them behind come first: how far a rank with no dump got is unknown)
     return out + _missing_findings(ctx, missing, edges)
+
+
+def _counted_only(ctx: _Context, ranks: list[int], group: str) -> dict:
+    """`{"last_seq_from_pg_status": {rank: seq}}` for the `ranks` whose ring buffer holds no entry of
+    `group`: how far they got there is their pg_status counter (`match._rolled_out_status`), which a reader
+    of their dump would not find in it. Empty otherwise."""
+    rows = ctx.m.progress.filter((pl.col("group") == group) & pl.col("rank").is_in(ranks)
+                                 & pl.col("first_seq").is_null() & pl.col("last_enqueued").is_not_null())
+    if rows.height == 0:
+        return {}
+    return {"last_seq_from_pg_status": {str(r): q for r, q in rows.select("rank", "last_enqueued").iter_rows()}}
 
 
 def _stopped_note(ctx: _Context, rank: int, doing: str) -> str:

@@ -138,6 +138,8 @@ def test_rolled_past_rank_5_is_named_from_its_pg_status(case):
     prog = report.matching.progress.filter((pl.col("group").cast(pl.String) == fault["process_group_name"])
                                            & (pl.col("rank") == 5))
     assert prog["first_seq"].to_list() == [None] and prog["last_enqueued"].to_list() == [fault["collective_seq_id"] - 1]
+    # (and the finding says where that came from: nothing in rank 5's dump shows it)
+    assert root.evidence["last_seq_from_pg_status"] == {"5": fault["collective_seq_id"] - 1}
 
 
 def test_order_swap_names_rank_6_the_rank_that_broke_the_order():
