@@ -62,6 +62,8 @@ class TimingResult:
     # host pairs whose sends and receives are slow at both ends (checked when hosts are late, or ranks: then
     # only pairs with a late rank at both ends): a, b, a_ms, b_ms, baseline_ms
     slow_p2p_links: pl.DataFrame | None = None
+    # every host's clock offset was estimated (completion times): else a rank is judged within its host
+    clocks_known: bool = True
 
 
 _P2P_OPS = [*P2P_OPS, "coalesced"]   # (coalesced: the entry that closes a batch_isend_irecv)
@@ -389,8 +391,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
                per_host.select("host", pl.col("straggler").alias("_flagged")))
     late = late.clone()
     late.drop_in_place("_h")   # (in place: `drop` goes through a lazy plan, 3 ms at 850K rows in 49 chunks)
-    per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts,
-                                      clocks_known=offsets.height == host_ids.height)
+    clocks_known = offsets.height == host_ids.height
+    per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts, clocks_known=clocks_known)
     per_rank, per_host = echoes.drop_pipeline_echoes(per_rank, per_host, entries, topo)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
     # cross-host collectives: with a rank-level straggler, late hosts are its echo, not stragglers.
@@ -404,7 +406,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
                                                                       opts)
     per_rank, per_host = (frame.join(first, on=key, how="left")
                           .with_columns((pl.col("_flagged") & ~pl.col("straggler")).fill_null(False).alias("echo"))
-                          .drop("_flagged") for frame, first, key in zip((per_rank, per_host), flagged, ("rank", "host")))
+                          .drop("_flagged")
+                          for frame, first, key in zip((per_rank, per_host), flagged, ("rank", "host")))
     per_host = per_host.join(offsets, on="host", how="left")
     # where each straggler was late: only for the few flagged ranks
     where = (late.lazy().select("rank", "group").join(per_rank.lazy().filter(pl.col("straggler")).select("rank"),
@@ -415,7 +418,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     slow_hosts, slow_links = _localize(speeds, units, host_ids, topo)
     return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
                         slow_groups=speeds.filter(pl.col("slow")).drop("slow"), slow_hosts=slow_hosts,
-                        slow_links=slow_links, threshold_ms=threshold, slow_p2p_links=slow_p2p)
+                        slow_links=slow_links, threshold_ms=threshold, slow_p2p_links=slow_p2p,
+                        clocks_known=clocks_known)
 
 
 def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list:
@@ -439,7 +443,8 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
                       **({"tied_with": tied} if tied else {})},
         ))
     flagged = result.per_rank.filter(pl.col("straggler") & ~pl.col("rank").is_in(list(covered)))
-    clocks_unknown = result.per_host.height > 1 and result.per_host["clock_offset_ms"].null_count() > 0
+    # (the rule only matters, and is only said, where there are hosts to tell apart)
+    clocks_unknown = not result.clocks_known and result.per_host.height > 1
     by_kind = _lateness_by_group_kind(result.lateness, flagged["rank"], groups)
     for row in flagged.iter_rows(named=True):
         descs = sorted({desc.get(g, "") for g in row["groups"]} - {""})
