@@ -54,8 +54,8 @@ class LoadOptions:
         reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow (always
             available). "tape": the compiled opcode reader (`flightrec.tape`; needs numba, `pip install
             flightrec[fast]`), same columns, 1.2-2.2x faster cold, ~0.45 s to start (in each worker, at once).
-            "auto" (default): the tape when numba is installed and the pickles add up to `parse_pool.TAPE_MIN_BYTES`, else
-            the unpickler.
+            "auto" (default): the tape when numba is installed and the pickles add up to
+            `parse_pool.TAPE_MIN_BYTES`, else the unpickler.
     """
 
     prefix: str | None = None

@@ -208,13 +208,12 @@ def _odd_one_out(ctx: _Context, ranks: list[int], groups: list[str]) -> Finding 
         return None
     rank, group, seq = odd
     g = ctx.groups.get(group)
-    op = ctx.op_at(group, seq) or "collective"
     waiting = ctx.w.waiters_of([rank])
     others = [r for r in ranks if r != rank]
     doing = ctx.describe_last(rank)
-    msg = (f"{ctx.rank_label(rank)} never joined {op} #{seq} in {g.label() if g else group}; {len(waiting):,} "
-           f"rank{'s' if len(waiting) != 1 else ''} wait on it. It went on to {doing}, which {ctx.ranks_label(others)} "
-           "can't reach while waiting on it: a deadlock of its order against everyone else's")
+    op, text = _never_joined(ctx, [rank], group, seq, waiting)
+    msg = (f"{text}. It went on to {doing}, which {ctx.ranks_label(others)} can't reach while waiting on it: a "
+           "deadlock of its order against everyone else's")
     return Finding(
         kind="not_joined", role="root_cause", message=msg, ranks=[rank], hosts=ctx.topo.hosts([rank]),
         process_group=g, collective_seq_id=seq, op=op,
@@ -304,9 +303,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
                    f"{g.label() if g else group}; {len(waiting):,} ranks wait on it")
             op = "send/recv"
         else:
-            op = ctx.op_at(group, seq) or "collective"
-            msg = (f"{ctx.ranks_label(ranks)} never joined {op} #{seq} in {g.label() if g else group}; "
-                   f"{len(waiting):,} rank{'s' if len(waiting) != 1 else ''} wait on {'it' if len(ranks) == 1 else 'them'}")
+            op, msg = _never_joined(ctx, ranks, group, seq, waiting)
         out.append(Finding(
             kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
@@ -316,6 +313,14 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
         ))
     # (ranks whose dumps prove them behind come first: how far a rank with no dump got is unknown)
     return out + _missing_findings(ctx, missing, edges)
+
+
+def _never_joined(ctx: _Context, ranks: list[int], group: str, seq: int, waiting: list[int]) -> tuple[str, str]:
+    """(op, "ranks X never joined <op> #<seq> in <group>; N ranks wait on them"): the not_joined headline."""
+    g = ctx.groups.get(group)
+    op = ctx.op_at(group, seq) or "collective"
+    return op, (f"{ctx.ranks_label(ranks)} never joined {op} #{seq} in {g.label() if g else group}; {len(waiting):,} "
+                f"rank{'s' if len(waiting) != 1 else ''} wait on {'it' if len(ranks) == 1 else 'them'}")
 
 
 def _counted_only(ctx: _Context, ranks: list[int], group: str) -> dict:

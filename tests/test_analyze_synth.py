@@ -240,7 +240,8 @@ def test_a_rank_whose_ring_holds_only_sends_and_receives_is_placed_by_its_peers_
     report, truth = run(make_job, job)
     assert culprits(report)[0] == truth["ranks"] == [9]
     root = report.root_causes[0]
-    assert (root.kind, root.process_group.desc, root.collective_seq_id) == ("not_joined", "dp", truth["collective_seq_id"])
+    assert (root.kind, root.process_group.desc) == ("not_joined", "dp")
+    assert root.collective_seq_id == truth["collective_seq_id"]
     mine = report.trace.entries.filter(pl.col("rank") == 9)
     assert mine["is_p2p"].any() and mine.filter(~pl.col("is_p2p") & (pl.col("op") != "coalesced")).height == 0
 
