@@ -143,8 +143,10 @@ def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
     t = (units["time_created_ns"] if not shifted else units.select(
         (pl.col("time_created_ns") - (pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6)
          .cast(pl.Int64)).alias("time_created_ns")).to_series())
-    # per collective (dense slot) the first and last arrival, and the last one's host, in small tables
-    slots, n_slots = units["_slot"], int(units["_slot"].max() or 0) + 1
+    # per collective (dense slot) the first and last arrival, and the last one's host, in small tables (both
+    # reductions read the columns' buffers in step: aligned once here, not by each)
+    slots, n_slots = units["_slot"].rechunk(), int(units["_slot"].max() or 0) + 1
+    t = t.rechunk()
     first = lookup.reduce_by_position(t, slots, n_slots, "min")
     last = lookup.reduce_by_position(t, slots, n_slots, "max")
     t_col, first_t, last_t = pl.col("_t"), pl.lit(first).gather(pl.col("_slot")), pl.lit(last).gather(pl.col("_slot"))
@@ -152,7 +154,9 @@ def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
              .filter((t_col == last_t) & pl.col("cross") & pl.col("_h").is_not_null()).select("_slot", "_h")
              .collect())
     last_host = lookup.spread_by_position(lasts.select(pl.col("_h") + 1), lasts["_slot"], n_slots)["_h"]
-    return (units.lazy().with_columns(t.alias("_t")).filter(t_col.is_not_null())
+    # (the filter copies every column it keeps: only when some enqueue time is unknown, which is rare)
+    known = units.lazy().with_columns(t.alias("_t"))
+    return ((known.filter(t_col.is_not_null()) if t.null_count() else known)
             .select("group", "collective_seq_id", "rank", "_h", "cross", "timeout_ms",
                     ((t_col - first_t) / 1e6).alias("late_ms"),
                     ((t_col == last_t) & (last_t > first_t)).alias("last_to_arrive"),
