@@ -153,7 +153,8 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     for path, folder, stat in paths:
         stem = _strip_suffixes(path.name)
         if prefix is not None:
-            if not stem.startswith(prefix) or not stem[len(prefix):].isdigit() or len(stem) - len(prefix) > _MAX_RANK_DIGITS:
+            if (not stem.startswith(prefix) or not stem[len(prefix):].isdigit()
+                    or len(stem) - len(prefix) > _MAX_RANK_DIGITS):
                 skipped.append(path)
                 continue
             candidates.append((path, "", int(stem[len(prefix):]), stat))

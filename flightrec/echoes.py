@@ -139,7 +139,8 @@ def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
                .filter(pl.col("_done").is_not_null() & pl.col("_created").is_not_null())
                .explode("peer")
                .select("rank", "peer", ((pl.col("_done") - pl.col("_created")) / 1e6).alias("ms")))
-    return _with_hosts(batches, topo).group_by("host", "peer_host").agg(pl.col("ms").median(), pl.len().alias("n")).collect()
+    return (_with_hosts(batches, topo).group_by("host", "peer_host")
+            .agg(pl.col("ms").median(), pl.len().alias("n")).collect())
 
 
 def slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
@@ -150,15 +151,16 @@ def slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     beside a slow host in 2 of 50 random jobs, ends 93 and 449 ms over a 77 ms baseline)."""
     empty = pl.DataFrame(schema={"a": pl.String, "b": pl.String, "a_ms": pl.Float64, "b_ms": pl.Float64,
                                  "baseline_ms": pl.Float64})
-    ends = speeds.filter(pl.col("n") >= opts.min_collectives).select(pl.col("host").cast(pl.String).alias("a"),
-                                                                      pl.col("peer_host").cast(pl.String).alias("b"), "ms")
+    ends = speeds.filter(pl.col("n") >= opts.min_collectives).select(
+        pl.col("host").cast(pl.String).alias("a"), pl.col("peer_host").cast(pl.String).alias("b"), "ms")
     if ends.height < 4:   # two pairs at least, both ends each: else there is no baseline
         return empty
     baseline = ends["ms"].quantile(0.25, "lower")
     slow = ((pl.col("a_ms") >= opts.slow_factor * baseline) & (pl.col("b_ms") >= opts.slow_factor * baseline)
             & (pl.min_horizontal("a_ms", "b_ms") - baseline >= max(opts.min_slow_ms, WATCHDOG_POLL_MS)))
     return (ends.rename({"ms": "a_ms"})
-            .join(ends.select(pl.col("b").alias("a"), pl.col("a").alias("b"), pl.col("ms").alias("b_ms")), on=["a", "b"])
+            .join(ends.select(pl.col("b").alias("a"), pl.col("a").alias("b"), pl.col("ms").alias("b_ms")),
+                  on=["a", "b"])
             .filter((pl.col("a") < pl.col("b")) & slow)
             .with_columns(pl.lit(baseline, pl.Float64).alias("baseline_ms"))
             .select(empty.columns).sort("a", "b"))
@@ -239,4 +241,5 @@ def hosts_of_stragglers(per_rank: pl.DataFrame, per_host: pl.DataFrame, topo: To
     slow = (topo.frame().join(flagged, on="rank", how="left")
             .group_by("host").agg(pl.len().alias("_n"), pl.col("_flagged").fill_null(False).all().alias("_all"))
             .filter((pl.col("_n") > 1) & pl.col("_all")))
-    return per_host.with_columns(pl.col("straggler") | pl.col("host").cast(pl.String).is_in(slow["host"].cast(pl.String).implode()))
+    slow_names = slow["host"].cast(pl.String).implode()
+    return per_host.with_columns(pl.col("straggler") | pl.col("host").cast(pl.String).is_in(slow_names))

@@ -133,7 +133,8 @@ def _batch(t: tape.Tape, g: _Graph, roots: np.ndarray, ranks: list[int]) -> dict
     for rank, version, comm_lib, backend, n in zip(ranks, versions, _optional_texts(t, comm), backends, counts):
         metas.append(file_meta(rank, version, backend, comm_lib, int(n), version_problems(version)))
     pg_config, rank_lists = _pg_config(t, g, top["pg_config"], ranks)
-    return {"metas": metas, "entries": table if table.num_rows else None, "pg_config": pg_config, "rank_lists": rank_lists,
+    return {"metas": metas, "entries": table if table.num_rows else None, "pg_config": pg_config,
+            "rank_lists": rank_lists,
             "pg_status": _pg_status(t, g, top["pg_status"], ranks), "stacks": stacks}
 
 

@@ -384,7 +384,8 @@ def _stacks(frames_per_entry: list, problems: list[str]) -> tuple[list, dict[int
             by_identity[key] = sid
             if sid not in stacks:
                 stacks[sid] = [
-                    {"name": _as_str(f.get("name")), "filename": _as_str(f.get("filename")), "line": _as_int(f.get("line"))}
+                    {"name": _as_str(f.get("name")), "filename": _as_str(f.get("filename")),
+                     "line": _as_int(f.get("line"))}
                     for f in frames if isinstance(f, dict)
                 ]
         ids.append(sid)
@@ -484,7 +485,8 @@ def _pg_config_rows(pg_config: Any, rank: int, problems: list[str], rank_lists: 
             continue
         name = _as_str(cfg.get("name")) or _as_str(key)
         ranks = cfg.get("ranks")
-        ranks_text = ranks if isinstance(ranks, str) else (repr(list(ranks)) if isinstance(ranks, (list, tuple)) else None)
+        ranks_text = (ranks if isinstance(ranks, str)
+                      else repr(list(ranks)) if isinstance(ranks, (list, tuple)) else None)
         if not name and (not ranks_text or ranks_text.strip() in ("[]", "")):
             continue  # Gloo writes {'': {'name': '', 'desc': '', 'ranks': '[]'}}: no information
         # The world group's list is the same ~7 bytes x world size on every rank (1 MB at 131K ranks): keep

@@ -412,7 +412,8 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
         for problem in problems:
             warnings.warn(f"rank {rank}: {problem}", stacklevel=2)
     if not raw["dumps"]["loaded"].any():
-        raise NoDumpsError(f"{root}: none of the {raw['dumps'].height} dump files could be read; see the warnings above")
+        raise NoDumpsError(f"{root}: none of the {raw['dumps'].height} dump files could be read; "
+                           "see the warnings above")
     return assemble(raw, root, options.world_size)
 
 

@@ -147,12 +147,14 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl
                  .drop("_run").collect())
     del rows
     if not _keys_unique_per_rank(units):
-        units = coll.select(*_UNIT_KEY, *_ONE_ENTRY).group_by(_UNIT_KEY).agg(*_RUN_AGGS).sort("rank", "record_id").collect()
+        units = (coll.select(*_UNIT_KEY, *_ONE_ENTRY).group_by(_UNIT_KEY).agg(*_RUN_AGGS)
+                 .sort("rank", "record_id").collect())
     multi = units.filter(pl.col("n_entries") > 1)
     if multi.height:
         # Signatures of multi-entry units: every member's shape, in record order, so batches compare whole.
         sig = (
-            coll.join(multi.lazy().select("group", "collective_seq_id", "rank"), on=["group", "collective_seq_id", "rank"])
+            coll.join(multi.lazy().select("group", "collective_seq_id", "rank"),
+                      on=["group", "collective_seq_id", "rank"])
             .sort("record_id")
             .group_by("group", "collective_seq_id", "rank")
             .agg(
@@ -161,7 +163,8 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl
                 pl.col("input_dtypes").cast(pl.String).str.join(";").alias("_dt"),
             )
         ).collect()
-        units = units.join(sig, on=["group", "collective_seq_id", "rank"], how="left", maintain_order="left").with_columns(
+        units = units.join(sig, on=["group", "collective_seq_id", "rank"], how="left",
+                           maintain_order="left").with_columns(
             pl.coalesce(pl.col("_in").cast(pl.Categorical), "input_sizes").alias("input_sizes"),
             pl.coalesce(pl.col("_out").cast(pl.Categorical), "output_sizes").alias("output_sizes"),
             pl.coalesce(pl.col("_dt").cast(pl.Categorical), "input_dtypes").alias("input_dtypes"),
@@ -235,7 +238,8 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
             .then(pl.min_horizontal("_st_enq", pl.col("last_enqueued").max().over("group")))
             .otherwise(None).alias("last_enqueued"),
             # (never past the newest entry: where p2p entries left the buffer, the counter may hold a p2p seq)
-            pl.when(pl.col("tracks_completion") & ~pl.col("_has_p2p").fill_null(True) & pl.col("_st_done").is_not_null())
+            pl.when(pl.col("tracks_completion") & ~pl.col("_has_p2p").fill_null(True)
+                    & pl.col("_st_done").is_not_null())
             .then(pl.min_horizontal(pl.max_horizontal("last_completed", "_st_done"), "last_enqueued"))
             .otherwise("last_completed").alias("last_completed"),
         )
@@ -357,7 +361,8 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
     if not inst["type_ok"].all():
         modes = (units.join(inst.filter(~pl.col("type_ok")).select("group", "collective_seq_id"),
                             on=["group", "collective_seq_id"])
-                 .group_by("group", "collective_seq_id").agg(known_op().drop_nulls().mode().sort().first().alias("_mode")))
+                 .group_by("group", "collective_seq_id")
+                 .agg(known_op().drop_nulls().mode().sort().first().alias("_mode")))
         inst = inst.join(modes, on=["group", "collective_seq_id"], how="left").with_columns(
             pl.coalesce("_mode", "op").alias("op")).drop("_mode")
     everyone_in = pl.col("n_present") >= pl.col("n_known")
@@ -428,7 +433,8 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -
     pairs = pairs.with_columns(
         pl.when(pl.col("recv_rank").is_null()).then(pl.lit("unmatched_send"))
         .when(pl.col("send_rank").is_null()).then(pl.lit("unmatched_recv"))
-        .when(pl.col("send_sizes").cast(pl.String) != pl.col("recv_sizes").cast(pl.String)).then(pl.lit("size_mismatch"))
+        .when(pl.col("send_sizes").cast(pl.String) != pl.col("recv_sizes").cast(pl.String))
+        .then(pl.lit("size_mismatch"))
         .when(pl.col("send_pending") | pl.col("recv_pending")).then(pl.lit("in_flight"))
         .otherwise(pl.lit("matched")).alias("status"),
     )

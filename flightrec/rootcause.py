@@ -51,7 +51,8 @@ class _Context:
         if len(ranks) == 1:
             return self.rank_label(ranks[0])
         hosts = self.topo.hosts(ranks)
-        where = f" (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})" if hosts else ""
+        more = ", ..." if len(hosts) > 4 else ""
+        where = f" (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts[:4])}{more})" if hosts else ""
         return f"ranks {format_ranks(ranks)}{where}"
 
     def op_at(self, group: str, seq: int | None) -> str | None:
@@ -149,8 +150,8 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
         g = ctx.groups.get(row["group"])
         out.append(Finding(
             kind="p2p_unmatched", role="root_cause", ranks=[a, b], hosts=ctx.topo.hosts([a, b]), process_group=g,
-            op="send", message=(f"rank {a} sends {row['send_sizes']} to rank {b}, which receives "
-                                f"{row['recv_sizes']} (transfer {row['ordinal']} in {g.label() if g else row['group']})"),
+            op="send", message=(f"rank {a} sends {row['send_sizes']} to rank {b}, which receives {row['recv_sizes']} "
+                                f"(transfer {row['ordinal']} in {g.label() if g else row['group']})"),
             evidence={"send_shape": str(row["send_sizes"]), "recv_shape": str(row["recv_sizes"])},
         ))
     return out
@@ -499,7 +500,8 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
                "p2p": "for a send/recv peer"}[kind]
         out.append(Finding(
             kind="waiting", role="symptom", ranks=ranks,
-            message=f"{len(ranks):,} rank{'s wait' if len(ranks) != 1 else ' waits'} in {n_groups:,} group{'s' if n_groups != 1 else ''} ({label}) {how}",
+            message=(f"{len(ranks):,} rank{'s wait' if len(ranks) != 1 else ' waits'} in {n_groups:,} "
+                     f"group{'s' if n_groups != 1 else ''} ({label}) {how}"),
             evidence={"groups": n_groups, "ranks": ranks},
         ))
     return out
@@ -525,7 +527,8 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
         out.append(Finding(kind="mixed_versions", role="warning",
                            message=f"dumps come from different recorder versions ({', '.join(versions)}): a partial "
                                    "PyTorch rollout? Analysed together.", evidence={"versions": versions}))
-    for path, problems in ctx.trace.dumps.filter(pl.col("problems").list.len() > 0).select("path", "problems").iter_rows():
+    with_problems = ctx.trace.dumps.filter(pl.col("problems").list.len() > 0).select("path", "problems")
+    for path, problems in with_problems.iter_rows():
         path = ctx.trace.relative(path)
         problems = [p.replace(ctx.trace.root.rstrip("/") + "/", "") for p in problems]
         out.append(Finding(kind="dump_problem", role="warning", message=f"{path}: {'; '.join(problems)}",

@@ -189,7 +189,8 @@ def _fault_index(job: Job, ops: list[_Op]) -> int:
     step = job.fault.step if job.fault.step >= 0 else job.steps - 1
     want = {"tp": ("tp",), "p2p": ("pp",), "dp": ("dp", "default_pg")}[job.fault.phase]
     for i, op in enumerate(ops):
-        if op.step == step and op.group.desc in want and (job.fault.phase != "p2p" or op.parts[0].name.startswith("send")):
+        if (op.step == step and op.group.desc in want
+                and (job.fault.phase != "p2p" or op.parts[0].name.startswith("send"))):
             return i
     raise ValueError(f"fault phase {job.fault.phase!r} has no op at step {step} on rank {job.fault.rank}")
 
@@ -326,7 +327,8 @@ class _Sim:
 
         def late(rank: int, i: int) -> int:
             f = job.fault
-            if (f.kind == "straggler" and rank == f.rank) or (f.kind == "straggler_host" and job.host_of(rank) == f.hosts[0]):
+            if ((f.kind == "straggler" and rank == f.rank)
+                    or (f.kind == "straggler_host" and job.host_of(rank) == f.hosts[0])):
                 return int(f.delay_ms * 1e6)
             if self.late_at == (rank, i):
                 return int(f.delay_ms * 1e6)
@@ -427,7 +429,8 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
     # writer shares them (each entry gets its own list of them when pickled: `_writer_layout`)
     frames = {name: [{"name": n, "filename": f, "line": ln} for n, f, ln in reversed(stack)]
               for name, stack in _STACKS.items()}
-    offset = int(job.fault.offset_ms * 1e6) if job.fault.kind == "clock_offset" and job.host_of(rank) in job.fault.hosts else 0
+    skewed = job.fault.kind == "clock_offset" and job.host_of(rank) in job.fault.hosts
+    offset = int(job.fault.offset_ms * 1e6) if skewed else 0
     threads = _version_minor(job.version) >= 9
     static: dict[int, dict] = {}
     # The watchdog thread, not the GPU, stamps "discovered" times: it polls every kWatchdogThreadSleepMillis
@@ -602,7 +605,8 @@ class _Writer:
 
     def __init__(self, job: Job, *, fmt: str = "pickle", per_host_folders: bool = False,
                  prefix: str = "nccl_trace_rank_", compress: bool = False):
-        self.job, self.fmt, self.per_host_folders, self.prefix, self.compress = job, fmt, per_host_folders, prefix, compress
+        self.job, self.fmt, self.per_host_folders = job, fmt, per_host_folders
+        self.prefix, self.compress = prefix, compress
         self.sim = _Sim(job)
         self.records = self.sim.run()
 

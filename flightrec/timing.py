@@ -77,8 +77,8 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
     collective of two hosts the median is their midpoint: a host that meets several others in pairs moves part
     of the way each round, and a fixed two rounds left 312 ms of a 5 s offset, enough to name the host a
     straggler. Where collectives span many hosts the median ignores the odd one out and one or two rounds do.
-    Only differences between hosts matter: centred on zero. Null for hosts without a completed cross-host collective. `units` are the windowed units
-    of `analyze_timing`.
+    Only differences between hosts matter: centred on zero. Null for hosts without a completed cross-host
+    collective. `units` are the windowed units of `analyze_timing`.
 
     The recorder's completion times are the NCCL watchdog's: it polls every 100 ms, so each is up to 100 ms
     late, by an amount that depends on the rank's polling phase. With a few dozen of them a host's estimate is
@@ -356,7 +356,8 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
            .join(spanning, on="group", how="left")
            .select(pl.col("group").to_physical().alias("_g"), "_top", pl.col("cross").fill_null(False))
            # each group's window is `window` slots from _base down: slot = _base - seq
-           .with_row_index("_j").with_columns((pl.col("_j").cast(pl.Int64) * opts.window + pl.col("_top")).alias("_base"))
+           .with_row_index("_j")
+           .with_columns((pl.col("_j").cast(pl.Int64) * opts.window + pl.col("_top")).alias("_base"))
            .select("_g", "_top", "cross", "_base"))
     gid = pl.col("group").to_physical()
     checked &= units["group"].null_count() == 0
@@ -466,7 +467,8 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
             message=(f"rank {row['rank']}{host} is a straggler: it enqueues its collectives "
                      f"{row['median_late_ms']:,.0f} ms after the first of its peers (median{split}), late on "
                      f"{row['late_fraction']:.0%} of {row['n']} collectives{where}{_tie_text(row['tied_with'])}"),
-            evidence={"median_late_ms": round(row["median_late_ms"], 3), "late_fraction": round(row["late_fraction"], 3),
+            evidence={"median_late_ms": round(row["median_late_ms"], 3),
+                      "late_fraction": round(row["late_fraction"], 3),
                       "collectives": row["n"], "threshold_ms": round(result.threshold_ms, 3),
                       **({"median_late_ms_by_group": {k: round(v, 3) for k, v in sorted(kinds.items())}}
                          if len(kinds) > 1 else {}),
@@ -513,7 +515,8 @@ def _p2p_findings(result: TimingResult) -> list:
     pairs = result.slow_p2p_links
     ends = pl.concat([pairs.select(pl.col("a").alias("host"), pl.col("b").alias("other"), pl.col("a_ms").alias("ms")),
                       pairs.select(pl.col("b").alias("host"), pl.col("a").alias("other"), pl.col("b_ms").alias("ms"))])
-    per_host = ends.group_by("host").agg(pl.col("other").sort(), pl.col("ms").median()).filter(pl.col("other").list.len() > 1)
+    per_host = (ends.group_by("host").agg(pl.col("other").sort(), pl.col("ms").median())
+                .filter(pl.col("other").list.len() > 1))
     slow_hosts = set(per_host["host"].to_list())
     known_hosts = set(result.slow_hosts)
     known_links = {tuple(sorted(link)) for link in result.slow_links}
@@ -563,8 +566,8 @@ def lateness_table(result: TimingResult, top: int = 20) -> str:
     """Text for `flightrec timing`: the latest ranks, the hosts, clock offsets, slow groups and host pairs."""
     from .views import text_table
 
-    parts = [f"Lateness threshold: {result.threshold_ms:,.1f} ms (median + 5 x spread of all ranks' lateness, or of the "
-             "punctual ones' when smaller; at least the minimum; hosts: see their own, against the other hosts)",
+    parts = [f"Lateness threshold: {result.threshold_ms:,.1f} ms (median + 5 x spread of all ranks' lateness, or of "
+             "the punctual ones' when smaller; at least the minimum; hosts: see their own, against the other hosts)",
              "", "Ranks, latest first:"]
     ranks = (result.per_rank.sort("median_late_ms", descending=True).head(top)
              .select("rank", "host", "n", pl.col("median_late_ms").round(2), pl.col("late_fraction").round(2),
