@@ -9,6 +9,7 @@ from typing import Callable
 
 import polars as pl
 
+from .errors import FlightrecError
 from .load import LoadOptions, Trace, load
 from .locate import locate
 from .match import Matching, match
@@ -42,6 +43,10 @@ class AnalyzeOptions:
     timing: TimingOptions = field(default_factory=TimingOptions)
     stage: Callable[[str], None] | None = field(default=None, compare=False)
 
+    def __post_init__(self) -> None:
+        if self.ranks_per_host is not None and (not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1):
+            raise FlightrecError(f"ranks_per_host must be a whole number of at least 1, not {self.ranks_per_host!r}")
+
 
 def run_match(trace: Trace, pg: str | None = None) -> Matching:
     entries, groups, members = trace.entries, trace.groups, trace.members
@@ -66,6 +71,9 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     Raises:
         FlightrecError: no readable dump, or a bad option (the message says what to do).
     """
+    if options is not None and kwargs:
+        raise FlightrecError(f"analyze: pass either options= or keyword arguments, not both (got {sorted(kwargs)}); "
+                             "e.g. AnalyzeOptions(load=LoadOptions(...), ...)")
     if options is None:
         load_keys = set(LoadOptions.__dataclass_fields__)
         load_opts = LoadOptions(**{k: v for k, v in kwargs.items() if k in load_keys})

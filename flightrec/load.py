@@ -66,6 +66,15 @@ class LoadOptions:
     progress: Callable[[int, int], None] | None = field(default=None, compare=False)
     reader: str = "auto"
 
+    def __post_init__(self) -> None:
+        # (the command line checks these with click; the API must too, or a 0 reads as "not given")
+        for name in ("world_size", "workers"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise FlightrecError(f"{name} must be a whole number of at least 1, not {value!r}")
+        if self.reader not in ("auto", "tape", "unpickler"):
+            raise FlightrecError(f"unknown reader {self.reader!r}: use 'auto', 'tape' or 'unpickler'")
+
 
 
 
@@ -276,13 +285,24 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     groups, memberships = _groups_from_config(pg_config.filter(pl.col("pg_name") != ""), rank_lists)
 
     declared_world = max([*unnamed_sizes, *([groups["size"].max()] if groups.height else [])], default=None)
-    max_rank = dumps["rank"].max() if dumps.height else -1
+    # A file the readers refused names a rank only by its file name: where the dumps declare the world, one
+    # named past it (junk beside the dumps, another job's file) is no rank of this job, and would make
+    # every rank it adds look missing.
+    named = dumps.filter(pl.col("loaded")) if declared_world and "loaded" in dumps.columns else dumps
+    max_rank = named["rank"].max() if named.height else -1
+    max_rank = -1 if max_rank is None else max_rank
     if world_size is None:
         world_size = max(int(declared_world or 0), int(max_rank) + 1)
     elif max(int(declared_world or 0), int(max_rank) + 1) > world_size:
         # (kept as given: it may be meant, e.g. to look at part of a job; but ranks past it read oddly)
         warnings.warn(f"world size {world_size} was given, but the dumps hold rank {max_rank} and groups of up "
                       f"to {declared_world or '?'} ranks: check --world-size", stacklevel=2)
+    elif declared_world and world_size > declared_world:
+        # (kept as given too: the ranks past the declared world then read as missing dumps)
+        warnings.warn(f"world size {world_size} was given, but the dumps' groups declare a world of "
+                      f"{declared_world} ranks: {'rank' if world_size - declared_world == 1 else 'ranks'} "
+                      f"{format_ranks(range(declared_world, world_size))} will read as missing; "
+                      "check --world-size", stacklevel=2)
     groups = pl.concat([groups, inferred_groups(entries, groups, world_size)]).sort("group")
     with_entries = dumps.filter((pl.col("entry_count") > 0) & (pl.col("rank") < world_size))["rank"].n_unique()
     groups = place_rolled_out_members(groups, entries, raw["pg_status"], without_entries=world_size - with_entries)

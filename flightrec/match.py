@@ -354,7 +354,10 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
             (~pl.col("tracks_completion") & ~pl.col("retired").fill_null(True)).sum().alias("n_unretired"),
             _all_equal(known_op()).alias("type_ok"),
             _all_equal(pl.col("input_dtypes")).alias("dtype_ok"),
-            (_all_equal(pl.col("_shape")) & pl.col("_self_ok").all() & all_to_all_totals_ok()).alias("size_ok"),
+            # (the op's own rule is broken when some members keep it and some don't: where none does, the
+            # group's size we hold is what's wrong, e.g. a world size given or inferred too large)
+            (_all_equal(pl.col("_shape")) & (pl.col("_self_ok").all() | ~pl.col("_self_ok").any())
+             & all_to_all_totals_ok()).alias("size_ok"),
         )
         .collect()
     )

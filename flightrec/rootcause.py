@@ -301,7 +301,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[
         doing = ctx.describe_last(ranks[0])
         if kind == "p2p":
             msg = (f"{ctx.ranks_label(ranks)} never posted the send/recv its pipeline peer waits for in "
-                   f"{g.label() if g else group}; {len(waiting):,} ranks wait on it")
+                   f"{g.label() if g else group}; {_n_wait(len(waiting))} on it")
             op = "send/recv"
         else:
             op, msg = _never_joined(ctx, ranks, group, seq, waiting)
@@ -320,8 +320,13 @@ def _never_joined(ctx: _Context, ranks: list[int], group: str, seq: int, waiting
     """(op, "ranks X never joined <op> #<seq> in <group>; N ranks wait on them"): the not_joined headline."""
     g = ctx.groups.get(group)
     op = ctx.op_at(group, seq) or "collective"
-    return op, (f"{ctx.ranks_label(ranks)} never joined {op} #{seq} in {g.label() if g else group}; {len(waiting):,} "
-                f"rank{'s' if len(waiting) != 1 else ''} wait on {'it' if len(ranks) == 1 else 'them'}")
+    return op, (f"{ctx.ranks_label(ranks)} never joined {op} #{seq} in {g.label() if g else group}; "
+                f"{_n_wait(len(waiting))} on {'it' if len(ranks) == 1 else 'them'}")
+
+
+def _n_wait(n: int) -> str:
+    """'1 rank waits' / '1,024 ranks wait'."""
+    return f"{n:,} rank waits" if n == 1 else f"{n:,} ranks wait"
 
 
 def _counted_only(ctx: _Context, ranks: list[int], group: str) -> dict:
@@ -359,14 +364,14 @@ def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) ->
         whole_host = bool(on_host) and set(on_host) <= set(ctx.trace.missing_ranks)
         if whole_host:
             msg = (f"host {host} is down: none of its {len(on_host)} ranks ({format_ranks(on_host)}) left a dump, "
-                   f"and {len(waiting):,} ranks wait on them in {', '.join(labels)}")
+                   f"and {_n_wait(len(waiting))} on them in {', '.join(labels)}")
         else:
             damaged = [r for r in ranks if r in ctx.damaged]
             what = ("left no dump," if not damaged else
                     "left a dump cut short (or with no entry), so how far it got is unknown," if len(ranks) == 1 else
                     f"left no dump or a damaged one ({format_ranks(damaged)}),")
-            msg = (f"{ctx.ranks_label(ranks)} {what} and {len(waiting):,} rank{'s' if len(waiting) != 1 else ''} "
-                   f"wait on {'it' if len(ranks) == 1 else 'them'} in {', '.join(labels)}")
+            msg = (f"{ctx.ranks_label(ranks)} {what} and {_n_wait(len(waiting))} "
+                   f"on {'it' if len(ranks) == 1 else 'them'} in {', '.join(labels)}")
         out.append(Finding(
             kind="missing_dump", role="root_cause", message=msg, ranks=ranks,
             hosts=[host] if host else [],

@@ -176,3 +176,27 @@ def test_order_swap_names_rank_6_the_rank_that_broke_the_order():
     assert (root.process_group.name, root.process_group.desc) == (fault["process_group_name"], "dp") == ("5", "dp")
     assert sorted(root.evidence["deadlock"]["ranks"]) == fault["deadlock"]["ranks"] == [2, 6]
     assert sorted(root.evidence["deadlock"]["groups"]) == sorted(fault["deadlock"]["groups"]) == ["0", "5"]
+
+
+def test_a_junk_file_named_past_the_declared_world_adds_no_ranks(tmp_path):
+    """A non-dump named like rank 6 beside the four real Gloo dumps of skip_collective: refused, and the world
+    stays the four ranks their config declares; it made ranks 4-6 read as missing and hid rank 2."""
+    import shutil
+
+    job = tmp_path / "job"
+    shutil.copytree(FIXTURES / "skip_collective", job)
+    (job / "nccl_trace_rank_6").write_text("not a dump at all")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(job, use_cache=False)
+    assert report.trace.world_size == 4 and report.dumps.refused
+    assert report.culprits["ranks"] == expected("skip_collective")["fault"]["ranks"] == [2]
+
+
+@pytest.mark.parametrize("case", ["healthy", "skip_collective"])
+def test_a_world_size_larger_than_the_dumps_declare_is_warned_about_and_blames_no_shape(case):
+    """--world-size 5 on four Gloo ranks: every all_gather's output is 4x its input, which broke the op's rule
+    for a group of 5 on every member ("ranks 0-3 used shape ... where the other 0 members ...")."""
+    with pytest.warns(UserWarning, match="declare a world of 4 ranks: rank 4 will read as missing"):
+        report = analyze(FIXTURES / case, world_size=5, use_cache=False)
+    assert not [f for f in report.findings if f.kind == "mismatch"]

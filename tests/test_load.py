@@ -277,3 +277,20 @@ def test_the_rank_and_record_order_check_finds_one_step_back_anywhere(at):
         record = record.copy()
         record[at] = record[at - 1] - 1   # a record that goes back within its rank
     assert not check(pl.DataFrame({"rank": rank, "record_id": record}))
+
+
+@pytest.mark.parametrize("bad", [dict(world_size=0), dict(workers=0), dict(reader="bogus"), dict(ranks_per_host=0)])
+def test_the_api_refuses_a_bad_option_as_the_command_line_does(bad):
+    """world_size=0 read as "not given" and reported a faulty job healthy; the others were silently taken."""
+    from flightrec.errors import FlightrecError
+
+    with pytest.raises(FlightrecError, match=next(iter(bad))):
+        analyze(FIXTURES / "skip_collective", use_cache=False, **bad)
+
+
+def test_the_api_refuses_options_and_keywords_together():
+    from flightrec.api import AnalyzeOptions
+    from flightrec.errors import FlightrecError
+
+    with pytest.raises(FlightrecError, match="not both"):
+        analyze(FIXTURES / "skip_collective", AnalyzeOptions(), world_size=4)

@@ -222,3 +222,13 @@ def test_an_all_to_all_member_with_unknown_output_is_no_size_mismatch():
         if row["rank"] == 3:
             row["output_sizes"], row["output_numel"] = None, None
     assert status(run(rows), 1) == "matched"
+
+
+def test_an_all_gather_every_member_sizes_for_another_group_size_is_no_mismatch():
+    """Every member's output is 4x its input in a group we hold as 5 (a world size given too large): the size
+    is ours to doubt, not theirs; no member keeps the rule, so none breaks it against the others."""
+    rows = [entry(r, 1, op="all_gather", ins="[[2]]", outs="[[4, 2]]", n_in=2, n_out=8) for r in range(4)]
+    m = run(rows, ranks=(0, 1, 2, 3), group_ranks=[0, 1, 2, 3, 4])
+    assert status(m, 1) != "size_mismatch"
+    assert m.divergences.filter(pl.col("status") == "size_mismatch").height == 0
+
