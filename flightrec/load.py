@@ -294,9 +294,12 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     if world_size is None:
         world_size = max(int(declared_world or 0), int(max_rank) + 1)
     elif max(int(declared_world or 0), int(max_rank) + 1) > world_size:
-        # (kept as given: it may be meant, e.g. to look at part of a job; but ranks past it read oddly)
+        # (the dumps prove more ranks: analysed as given, their ranks past it read as "3 of 2 loaded" and their
+        # collectives as missing members. To look at part of a job, select its groups instead: --pg)
+        proven = max(int(declared_world or 0), int(max_rank) + 1)
         warnings.warn(f"world size {world_size} was given, but the dumps hold rank {max_rank} and groups of up "
-                      f"to {declared_world or '?'} ranks: check --world-size", stacklevel=2)
+                      f"to {declared_world or '?'} ranks: using {proven}; check --world-size", stacklevel=2)
+        world_size = proven
     elif declared_world and world_size > declared_world:
         # (kept as given too: the ranks past the declared world then read as missing dumps)
         warnings.warn(f"world size {world_size} was given, but the dumps' groups declare a world of "
@@ -433,7 +436,7 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
             warnings.warn(f"rank {rank}: {problem}", stacklevel=2)
     if not raw["dumps"]["loaded"].any():
         raise NoDumpsError(f"{root}: none of the {raw['dumps'].height} dump files could be read; "
-                           "see the warnings above")
+                           "each file's reason is in the warnings (not shown with --quiet)")
     return assemble(raw, root, options.world_size)
 
 

@@ -267,7 +267,8 @@ def test_python_dash_m_runs_the_command_line():
 
 def test_a_world_size_smaller_than_the_dumps_say_is_warned_about(runner, hung):
     result = runner.invoke(main, ["analyze", str(hung), "--world-size", "4", "--no-cache"])
-    assert "world size 4 was given, but the dumps hold rank 15" in result.stderr
+    assert "world size 4 was given, but the dumps hold rank 15" in result.stderr and "using 16" in result.stderr
+    assert "of 16 ranks loaded" in result.output
 
 
 def test_a_hosts_file_given_as_the_topology_is_refused(runner, hung, tmp_path):
