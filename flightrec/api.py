@@ -79,6 +79,11 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
         load_opts = LoadOptions(**{k: v for k, v in kwargs.items() if k in load_keys})
         options = AnalyzeOptions(load=load_opts, **{k: v for k, v in kwargs.items() if k not in load_keys})
     stage = options.stage or (lambda _msg: None)
+    if os.path.isfile(path):
+        # (one rank's dump alone makes every other rank look missing, and the verdict blames them)
+        raise FlightrecError(f"{path} is a file: analyze reads the folder holding every rank's dump "
+                             f"(here, {os.path.dirname(os.path.abspath(path))}); to read one dump, use "
+                             "`flightrec entries` or `flightrec load`")
 
     stage("loading dumps")
     trace = load(path, options.load)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -96,7 +97,15 @@ def resolve(*, world_size: int, from_dumps: dict[int, str], hosts_file: str | Pa
 def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str | Path | None,
                     ranks_per_host: int | None, switch_of: dict[str, str]) -> Topology:
     if hosts_file is not None:
-        return Topology(read_hosts_file(hosts_file), switch_of, "hosts file")
+        host_of = read_hosts_file(hosts_file)
+        uncovered = [r for r in range(world_size) if r not in host_of]
+        if uncovered:
+            # (a culprit among them would be named with no host, and a runbook's drain step would do nothing)
+            from .load import format_ranks
+
+            warnings.warn(f"{hosts_file}: names no host for {len(uncovered):,} of the job's {world_size:,} ranks "
+                          f"({format_ranks(uncovered)}): findings about them will name no host", stacklevel=2)
+        return Topology(host_of, switch_of, "hosts file")
     if from_dumps:
         return Topology(_fill_missing_hosts(dict(from_dumps), world_size), switch_of, "dump names")
     if ranks_per_host:

@@ -24,7 +24,17 @@ def text_table(df: pl.DataFrame, max_width: int = 48) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
+def _check_ranks(trace: Trace, ranks: list[int] | None) -> None:
+    """A rank outside the job is a typo, not an empty table."""
+    outside = sorted(r for r in ranks or [] if not 0 <= r < trace.world_size)
+    if outside:
+        from .errors import FlightrecError
+
+        raise FlightrecError(f"rank {format_ranks(outside)} is not in this job (ranks 0-{trace.world_size - 1})")
+
+
 def entries_frame(trace: Trace, ranks: list[int] | None = None, pg: str | None = None, last: int = 20) -> pl.DataFrame:
+    _check_ranks(trace, ranks)
     e = trace.entries
     if ranks:
         e = e.filter(pl.col("rank").is_in(ranks))
@@ -47,11 +57,21 @@ def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width
         from .errors import FlightrecError
 
         raise FlightrecError("--around needs --pg: sequence ids are per process group")
+    _check_ranks(trace, ranks)
     groups = trace.select_groups(pg)
-    e = trace.entries.join(groups.select("group"), on="group", how="semi").filter(
-        ~pl.col("is_p2p") & pl.col("collective_seq_id").is_between(seq - width, seq + width))
+    collectives = trace.entries.join(groups.select("group"), on="group", how="semi").filter(~pl.col("is_p2p"))
+    e = collectives.filter(pl.col("collective_seq_id").is_between(seq - width, seq + width))
     if ranks:
         e = e.filter(pl.col("rank").is_in(ranks))
+    if e.height == 0:
+        from .errors import FlightrecError
+
+        seqs = collectives["collective_seq_id"]
+        held = (f"its recorded collectives run #{seqs.min()}-#{seqs.max()}" if collectives.height else
+                "it holds no collective (sends and receives are numbered by p2p_seq_id: see `flightrec entries "
+                f"--pg {pg}`)")
+        raise FlightrecError(f"nothing recorded in {pg} within {width} of #{seq}"
+                             f"{' for these ranks' if ranks else ''}: {held}")
     cell = pl.format("{} {}", pl.col("op"), pl.col("state")).alias("cell")
     wide = (e.with_columns(cell).group_by("group", "collective_seq_id", "rank")
             .agg(pl.col("cell").str.join("+"))

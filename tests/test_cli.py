@@ -277,3 +277,32 @@ def test_a_hosts_file_given_as_the_topology_is_refused(runner, hung, tmp_path):
     wrong.write_text("rank,host\n" + "".join(f"{r},node{r // 4:05d}\n" for r in range(16)))
     result = runner.invoke(main, ["analyze", str(hung), "--topology", str(wrong), "-q"])
     assert result.exit_code == 2 and "names none of the job's hosts" in result.stderr, result.output
+
+
+def test_analyze_refuses_one_dump_file_instead_of_the_folder(runner):
+    """A single rank's file made every other rank 'left no dump' and the culprits, exit 1."""
+    from .conftest import FIXTURES
+
+    result = runner.invoke(main, ["analyze", str(FIXTURES / "skip_collective" / "nccl_trace_rank_0"), "-q"])
+    assert result.exit_code == 2 and "is a file: analyze reads the folder" in result.stderr, result.output
+
+
+def test_a_hosts_file_that_leaves_ranks_out_is_warned_about(runner, tmp_path):
+    """It named no host for the culprit, silently: a runbook's drain step then drains nothing."""
+    from .conftest import FIXTURES
+
+    hosts = tmp_path / "hosts.csv"
+    hosts.write_text("rank,host\n0,nodeA\n")
+    result = runner.invoke(main, ["analyze", str(FIXTURES / "skip_collective"), "--hosts", str(hosts), "--no-cache"])
+    assert result.exit_code == 1 and "names no host for 3 of the job's 4 ranks (1-3)" in result.stderr, result.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--rank", "9"], "rank 9 is not in this job (ranks 0-3)"),
+    (["--pg", "default_pg", "--around", "100"], "its recorded collectives run #1-#8"),
+])
+def test_entries_out_of_range_say_so_instead_of_no_rows(runner, args, says):
+    from .conftest import FIXTURES
+
+    result = runner.invoke(main, ["entries", str(FIXTURES / "skip_collective"), "-q", *args])
+    assert result.exit_code == 2 and says in result.stderr, result.output
