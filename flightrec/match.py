@@ -202,7 +202,8 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     # 80 sends and receives on the default group read as 80 collectives no entry shows: fixtures/straggler_pipeline).
     # Its completed counter is read only where the recorder tracks completion and no p2p entry is seen.
     p2p_groups = trace_entries.lazy().filter(pl.col("is_p2p")).select("group").unique().collect()
-    status = pg_status.rename({"last_completed": "_st_done"}).select("rank", "pg_id", "_st_done")
+    status = pg_status.rename({"last_completed": "_st_done", "last_enqueued": "_st_last"}).select(
+        "rank", "pg_id", "_st_done", "_st_last")
     per = (
         per.join(status, on=["rank", "pg_id"], how="left")
         .with_columns(pl.col("group").is_in(p2p_groups["group"].implode()).alias("_has_p2p"))
@@ -241,6 +242,12 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
             pl.when(pl.col("tracks_completion") & ~pl.col("_has_p2p").fill_null(True)
                     & pl.col("_st_done").is_not_null())
             .then(pl.min_horizontal(pl.max_horizontal("last_completed", "_st_done"), "last_enqueued"))
+            # Without completion states (Gloo) the counters still say when everything the rank enqueued in the
+            # group finished: both at its newest collective. (Not otherwise: they also count sends and receives
+            # Gloo doesn't record, so a lower or different value says nothing about the collectives.)
+            .when(~pl.col("tracks_completion") & (pl.col("_st_done") == pl.col("last_enqueued"))
+                  & (pl.col("_st_last") == pl.col("last_enqueued")))
+            .then("last_enqueued")
             .otherwise("last_completed").alias("last_completed"),
         )
         .with_columns(pl.col("last_enqueued").max().over("group").alias("frontier"))

@@ -81,14 +81,19 @@ def wait_edges(m: Matching, entries: pl.DataFrame) -> pl.DataFrame:
         pl.lit("behind").alias("kind"), "group", (pl.col("last_enqueued") + 1).alias("seq"))
 
     # Members with no dump: a waiter is a member provably blocked in the group (its op there is unfinished);
-    # when its recorder can't say (Gloo), the group holding its last entry is where it stopped.
+    # when its recorder can't say (Gloo), the group holding its last entry is where it stopped, unless it is
+    # behind there and its pg_status says all it enqueued there finished: it skipped the collective the others
+    # wait in, and is idle, not waiting (it was hidden behind the missing dump). (Gloo counts failed work as
+    # finished: at the frontier, a collective that failed because the missing rank died still counts.)
     has_missing = prog.filter(~pl.col("has_dump")).select("group").unique()
     last = (_last_group_per_rank(entries) if has_missing.height
             else pl.DataFrame(schema={"rank": pl.Int64, "_last_group": entries.schema["group"]}))
     blocked = (
         prog.filter(pl.col("has_dump")).join(has_missing, on="group").join(last, on="rank", how="left")
         .filter(pl.when(pl.col("tracks_completion")).then(pl.col("pending_seq").is_not_null())
-                .otherwise(pl.col("_last_group") == pl.col("group")))
+                .otherwise((pl.col("_last_group") == pl.col("group"))
+                           & ~((pl.col("last_completed") >= pl.col("last_enqueued"))
+                              & (pl.col("last_enqueued") < pl.col("frontier"))).fill_null(False)))
     )
     missing_in = blocked.select(
         pl.format("r:{}", "rank").alias("src"), pl.format("g:{}", "group").alias("dst"),

@@ -200,3 +200,24 @@ def test_a_world_size_larger_than_the_dumps_declare_is_warned_about_and_blames_n
     with pytest.warns(UserWarning, match="declare a world of 4 ranks: rank 4 will read as missing"):
         report = analyze(FIXTURES / case, world_size=5, use_cache=False)
     assert not [f for f in report.findings if f.kind == "mismatch"]
+
+
+@pytest.mark.parametrize("damage", ["removed", "cut short"])
+def test_a_bystanders_missing_dump_does_not_hide_the_rank_that_skipped(tmp_path, damage):
+    """skip_collective (rank 2 skips all_reduce #8) with rank 1's dump gone or cut to 80%: 'rank 1 left no
+    dump, and 3 ranks wait on it', rank 2 counted among them. Rank 2 is behind and its pg_status says all it
+    enqueued finished: idle, not waiting; ranks 0 and 3 completed #7, so rank 1 joined it."""
+    import shutil
+
+    job = tmp_path / "job"
+    shutil.copytree(FIXTURES / "skip_collective", job)
+    victim = job / "nccl_trace_rank_1"
+    if damage == "removed":
+        victim.unlink()
+    else:
+        victim.write_bytes(victim.read_bytes()[: int(victim.stat().st_size * 0.8)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(job, use_cache=False)
+    roots = [f for f in report.findings if f.role == "root_cause"]
+    assert report.culprits["ranks"] == [2] and roots[0].kind == "not_joined", report.to_text()
