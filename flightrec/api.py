@@ -9,7 +9,7 @@ from typing import Callable
 
 import polars as pl
 
-from .errors import FlightrecError
+from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
 from .locate import locate
 from .match import Matching, match
@@ -44,8 +44,7 @@ class AnalyzeOptions:
     stage: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if self.ranks_per_host is not None and (not isinstance(self.ranks_per_host, int) or self.ranks_per_host < 1):
-            raise FlightrecError(f"ranks_per_host must be a whole number of at least 1, not {self.ranks_per_host!r}")
+        require_count("ranks_per_host", self.ranks_per_host)
 
 
 def run_match(trace: Trace, pg: str | None = None) -> Matching:

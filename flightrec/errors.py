@@ -21,3 +21,10 @@ class DumpFormatError(FlightrecError):
 
 class HostMapError(FlightrecError):
     """The rank -> host mapping given by the user could not be read."""
+
+
+def require_count(name: str, value: object) -> None:
+    """An option that counts something (ranks, workers) given as 0 or less: the API's twin of click's
+    `IntRange(min=1)` on the command line, where a 0 would otherwise read as "not given"."""
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise FlightrecError(f"{name} must be a whole number of at least 1, not {value!r}")

@@ -21,7 +21,7 @@ import pyarrow as pa
 from . import cache as _cache
 from . import lookup, parse_pool
 from .discover import DumpFile, discover
-from .errors import FlightrecError, NoDumpsError
+from .errors import FlightrecError, NoDumpsError, require_count
 from .inferred_groups import inferred_groups, place_rolled_out_members
 from .schema import (
     DUMPS,
@@ -67,13 +67,9 @@ class LoadOptions:
     reader: str = "auto"
 
     def __post_init__(self) -> None:
-        # (the command line checks these with click; the API must too, or a 0 reads as "not given")
-        for name in ("world_size", "workers"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise FlightrecError(f"{name} must be a whole number of at least 1, not {value!r}")
-        if self.reader not in ("auto", "tape", "unpickler"):
-            raise FlightrecError(f"unknown reader {self.reader!r}: use 'auto', 'tape' or 'unpickler'")
+        require_count("world_size", self.world_size)
+        require_count("workers", self.workers)
+        parse_pool.check_reader(self.reader)
 
 
 

@@ -162,9 +162,13 @@ def _start_worker(use_tape: bool) -> None:
         tape.warm(own_process=True)
 
 
-def _use_tape(reader: str, total_bytes: int) -> bool:
+def check_reader(reader: str) -> None:
     if reader not in ("auto", "tape", "unpickler"):
         raise FlightrecError(f"unknown reader {reader!r}: use 'auto', 'tape' or 'unpickler'")
+
+
+def _use_tape(reader: str, total_bytes: int) -> bool:
+    check_reader(reader)
     if reader == "tape" and not tape.available():
         raise FlightrecError("the tape reader needs numba: pip install 'flightrec[fast]', or read with the "
                              "'auto' or 'unpickler' reader")
