@@ -505,8 +505,7 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
                "p2p": "for a send/recv peer"}[kind]
         out.append(Finding(
             kind="waiting", role="symptom", ranks=ranks,
-            message=(f"{len(ranks):,} rank{'s wait' if len(ranks) != 1 else ' waits'} in {n_groups:,} "
-                     f"group{'s' if n_groups != 1 else ''} ({label}) {how}"),
+            message=f"{_n_wait(len(ranks))} in {n_groups:,} group{'s' if n_groups != 1 else ''} ({label}) {how}",
             evidence={"groups": n_groups, "ranks": ranks},
         ))
     return out
