@@ -115,5 +115,8 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     if refused.height:
         warnings.warn(f"{refused.height} dump file(s) could not be read; see the report's 'dumps.refused'",
                       stacklevel=2)
+    scope = None
+    if options.pg is not None:
+        scope = {"pg": options.pg, "groups": int(m.progress["group"].n_unique()), "of_groups": trace.groups.height}
     return Report(verdict=verdict, summary=summary, findings=findings, dumps=dumps, trace=trace, matching=m,
-                  waits=w, topology=topo, timing=timing)
+                  waits=w, topology=topo, timing=timing, scope=scope)

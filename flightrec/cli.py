@@ -159,7 +159,8 @@ def main():
 @click.option("--topology", "topology_file", type=click.Path(path_type=Path, dir_okay=False),
               help="host -> switch map: CSV 'host,switch'.")
 @ranks_per_host_option
-@click.option("--pg", help="Only analyse the process group with this name or desc.")
+@click.option("--pg", help="Only analyse the process groups with this name or desc (the report says so: a rank "
+              "can be waiting in a group left out).")
 @_guard
 def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
                 ranks_per_host, pg):

@@ -84,6 +84,8 @@ class Report:
     waits: Any = field(default=None, repr=False, compare=False)
     topology: Any = field(default=None, repr=False, compare=False)
     timing: Any = field(default=None, repr=False, compare=False)
+    # {"pg", "groups", "of_groups"}: the analysis was restricted to the groups `--pg` selects; None: every group
+    scope: dict[str, Any] | None = None
 
     @property
     def collectives(self):
@@ -130,6 +132,7 @@ class Report:
                 "refused": self.dumps.refused,
                 "host_source": self.dumps.host_source,
             },
+            **({"scope": self.scope} if self.scope else {}),
         }
 
     # ------------------------------------------------------------------------------------------ text
@@ -162,6 +165,10 @@ class Report:
             text += f"; missing: ranks {format_ranks(d.missing_ranks)}"
         if d.refused:
             text += f"; {len(d.refused)} file(s) refused"
+        if self.scope:
+            sc = self.scope
+            text += (f"; scope: --pg {sc['pg']}, {sc['groups']} of {sc['of_groups']} groups (ranks can be waiting in "
+                     "the others)")
         if d.host_source == "ranks per host":
             text += ("; host names are numbered from --ranks-per-host (host<k> holds the k-th run of ranks), not "
                      "read from the job: map them to real hosts before draining")

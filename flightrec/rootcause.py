@@ -42,6 +42,8 @@ class _Context:
         # matching counts it as no dump (progress.has_dump), and so does the root cause
         self.damaged = loaded & set(m.progress.filter(~pl.col("has_dump"))["rank"].to_list())
         self.has_dump = loaded - self.damaged
+        # the groups matched (all, or those `--pg` selected)
+        self.analysed_groups = set(m.progress["group"].cast(pl.String).unique().to_list())
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -341,6 +343,11 @@ def _counted_only(ctx: _Context, ranks: list[int], group: str) -> dict:
 
 
 def _stopped_note(ctx: _Context, rank: int, doing: str) -> str:
+    last = ctx.last_entry(rank)
+    if last is not None and last["group"] not in ctx.analysed_groups:
+        # (--pg: the rank went on to a group left out, and may be blocked there, behind someone else)
+        return ("its last entry is in a group left out of this analysis (--pg): it may be waiting there, on "
+                "another rank; analyze without --pg to follow it")
     tracks = ctx.m.progress.filter(pl.col("rank") == rank)["tracks_completion"].any()
     if not tracks:
         return "its recorder does not report completion (Gloo): the last entry is where it stopped"

@@ -306,3 +306,22 @@ def test_entries_out_of_range_say_so_instead_of_no_rows(runner, args, says):
 
     result = runner.invoke(main, ["entries", str(FIXTURES / "skip_collective"), "-q", *args])
     assert result.exit_code == 2 and says in result.stderr, result.output
+
+
+def test_pg_says_the_scope_and_that_a_rank_went_on_to_a_group_left_out(runner):
+    """--pg dp on subgroups_per_host named ranks 4, 6, 7, which wait in tp on rank 5, as not joining dp, and
+    nothing said the view was restricted."""
+    import jsonschema
+
+    from .conftest import FIXTURES
+    from .test_analyze_synth import SCHEMA
+
+    result = runner.invoke(main, ["analyze", str(FIXTURES / "subgroups_per_host"), "--pg", "dp", "-f", "json", "-q"])
+    report = json.loads(result.output)
+    jsonschema.validate(report, SCHEMA)
+    assert report["scope"] == {"pg": "dp", "groups": 4, "of_groups": 7}
+    outside = {r for f in report["findings"] if f["kind"] == "not_joined"
+               and "left out of this analysis" in f["evidence"]["note"] for r in f["ranks"]}
+    assert outside == {4, 6, 7}
+    whole = runner.invoke(main, ["analyze", str(FIXTURES / "subgroups_per_host"), "-f", "json", "-q"])
+    assert "scope" not in json.loads(whole.output)
