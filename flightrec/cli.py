@@ -311,7 +311,9 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
 
     report = analyze(dump_dir, AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
                                               hosts_file=hosts_file, ranks_per_host=ranks_per_host))
-    click.echo(lateness_table(report.timing, top=top))
+    # (a rank late once, past the timeout, is a root cause `analyze` names, not a straggler: a median hides it)
+    late_joins = [f for f in report.root_causes if f.kind == "straggler"]
+    click.echo(lateness_table(report.timing, top=top, late_joins=late_joins))
 
 
 @main.command()

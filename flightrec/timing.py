@@ -562,13 +562,22 @@ def _tie_text(tied: list) -> str:
             "(named too): the data can't tell which one the others wait on")
 
 
-def lateness_table(result: TimingResult, top: int = 20) -> str:
-    """Text for `flightrec timing`: the latest ranks, the hosts, clock offsets, slow groups and host pairs."""
+def lateness_table(result: TimingResult, top: int = 20, late_joins: list | None = None) -> str:
+    """Text for `flightrec timing`: the latest ranks, the hosts, clock offsets, slow groups and host pairs; and
+    `late_joins` (the root-cause findings of members that joined a collective past its timeout) first."""
     from .views import text_table
 
     parts = [f"Lateness threshold: {result.threshold_ms:,.1f} ms (median + 5 x spread of all ranks' lateness, or of "
              "the punctual ones' when smaller; at least the minimum; hosts: see their own, against the other hosts)",
-             "", "Ranks, latest first:"]
+             ""]
+    if late_joins:
+        # (late once, past the timeout: why the job stopped, where the medians below can look on time)
+        rows = [{"rank": r, "group": f.process_group.label() if f.process_group else "", "seq": f.collective_seq_id,
+                 "late_ms": f.evidence.get("late_ms"), "timeout_ms": f.evidence.get("timeout_ms")}
+                for f in late_joins for r in f.ranks]
+        parts += ["Joined a collective past its timeout (the others timed out waiting; `analyze` names it):",
+                  text_table(pl.DataFrame(rows)), ""]
+    parts.append("Ranks, latest first:")
     ranks = (result.per_rank.sort("median_late_ms", descending=True).head(top)
              .select("rank", "host", "n", pl.col("median_late_ms").round(2), pl.col("late_fraction").round(2),
                      "straggler", "echo"))

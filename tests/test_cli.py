@@ -325,3 +325,13 @@ def test_pg_says_the_scope_and_that_a_rank_went_on_to_a_group_left_out(runner):
     assert outside == {4, 6, 7}
     whole = runner.invoke(main, ["analyze", str(FIXTURES / "subgroups_per_host"), "-f", "json", "-q"])
     assert "scope" not in json.loads(whole.output)
+
+
+def test_timing_shows_the_rank_that_joined_past_the_timeout(runner):
+    """late_rank: analyze names rank 2 (5.5 s late on one all_reduce); timing showed it on time (median 0.8 ms)."""
+    from .conftest import FIXTURES
+
+    result = runner.invoke(main, ["timing", str(FIXTURES / "late_rank"), "-q"])
+    assert result.exit_code == 0
+    section = result.output.split("Joined a collective past its timeout")[1].split("Ranks, latest first")[0]
+    assert section.splitlines()[2].split()[:1] == ["2"] and "5500.1" in section, result.output
