@@ -146,6 +146,13 @@ class Trace:
         refused = self.dumps.filter(~pl.col("loaded"))
         for path, problems in zip(refused["path"].to_list(), refused["problems"].to_list()):
             lines.append(f"  refused {path}: {'; '.join(problems)}")
+        # (loaded with a problem, e.g. cut short: how far its rank got is then unknown; say it where -q hides
+        # the warnings, at most a screenful)
+        noted = loaded.filter(pl.col("problems").list.len() > 0)
+        for path, problems in zip(noted["path"].head(20).to_list(), noted["problems"].head(20).to_list()):
+            lines.append(f"  read with a problem {self.relative(path)}: {'; '.join(problems)}")
+        if noted.height > 20:
+            lines.append(f"  ... and {noted.height - 20:,} more files read with a problem")
         return "\n".join(lines)
 
 

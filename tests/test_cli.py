@@ -335,3 +335,17 @@ def test_timing_shows_the_rank_that_joined_past_the_timeout(runner):
     assert result.exit_code == 0
     section = result.output.split("Joined a collective past its timeout")[1].split("Ranks, latest first")[0]
     assert section.splitlines()[2].split()[:1] == ["2"] and "5500.1" in section, result.output
+
+
+def test_load_lists_a_dump_read_with_a_problem_even_when_quiet(runner, tmp_path):
+    """A dump cut to 80% read as '4 of 4 ranks loaded' and nothing else under -q (the warning went to stderr)."""
+    import shutil
+
+    from .conftest import FIXTURES
+
+    job = tmp_path / "job"
+    shutil.copytree(FIXTURES / "skip_collective", job)
+    victim = job / "nccl_trace_rank_1"
+    victim.write_bytes(victim.read_bytes()[: int(victim.stat().st_size * 0.8)])
+    result = runner.invoke(main, ["load", str(job), "-q", "--no-cache"])
+    assert result.exit_code == 0 and "read with a problem nccl_trace_rank_1: truncated file" in result.output
