@@ -107,6 +107,9 @@ def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str
                           f"({format_ranks(uncovered)}): findings about them will name no host", stacklevel=2)
         return Topology(host_of, switch_of, "hosts file")
     if from_dumps:
+        if ranks_per_host:
+            warnings.warn(f"--ranks-per-host {ranks_per_host} ignored: the dumps' folders or names say each rank's "
+                          "host (pass --hosts FILE to override them)", stacklevel=2)
         return Topology(_fill_missing_hosts(dict(from_dumps), world_size), switch_of, "dump names")
     if ranks_per_host:
         if ranks_per_host < 1:

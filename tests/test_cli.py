@@ -349,3 +349,11 @@ def test_load_lists_a_dump_read_with_a_problem_even_when_quiet(runner, tmp_path)
     victim.write_bytes(victim.read_bytes()[: int(victim.stat().st_size * 0.8)])
     result = runner.invoke(main, ["load", str(job), "-q", "--no-cache"])
     assert result.exit_code == 0 and "read with a problem nccl_trace_rank_1: truncated file" in result.output
+
+
+def test_ranks_per_host_overridden_by_the_dumps_says_so(runner):
+    from .conftest import FIXTURES
+
+    result = runner.invoke(main, ["analyze", str(FIXTURES / "subgroups_per_host"), "--ranks-per-host", "2"])
+    assert "--ranks-per-host 2 ignored: the dumps' folders or names say each rank's host" in result.stderr
+    assert "host node1" in result.output
