@@ -51,35 +51,53 @@ def entries_table(trace: Trace, ranks: list[int] | None = None, pg: str | None =
     return text_table(entries_frame(trace, ranks, pg, last))
 
 
-def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width: int = 5) -> str:
-    """One row per collective seq id, one column per rank: what each rank recorded there."""
-    if pg is None:
-        from .errors import FlightrecError
+def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width: int = 5,
+                 max_groups: int = 8) -> str:
+    """Per group `pg` selects, one row per sequence id in seq-width..seq+width and one column per member (or
+    per rank of `ranks`): what each recorded there. Collectives are lined up by collective_seq_id; a
+    pipeline's sends and receives (and the entry that closes a batch of them) by p2p_seq_id, their own
+    counter, in rows marked p2p. At most `max_groups` groups, the rest counted."""
+    from .errors import FlightrecError
 
+    if pg is None:
         raise FlightrecError("--around needs --pg: sequence ids are per process group")
     _check_ranks(trace, ranks)
     groups = trace.select_groups(pg)
-    collectives = trace.entries.join(groups.select("group"), on="group", how="semi").filter(~pl.col("is_p2p"))
-    e = collectives.filter(pl.col("collective_seq_id").is_between(seq - width, seq + width))
+    p2p = pl.col("is_p2p") | ((pl.col("op") == "coalesced") & (pl.col("collective_seq_id") == 0))
+    entries = (trace.entries.join(groups.select("group"), on="group", how="semi")
+               .with_columns(pl.when(p2p).then(pl.lit("p2p")).otherwise(pl.lit("")).alias("kind"),
+                             pl.when(p2p).then("p2p_seq_id").otherwise("collective_seq_id").alias("seq")))
     if ranks:
-        e = e.filter(pl.col("rank").is_in(ranks))
-    if e.height == 0:
-        from .errors import FlightrecError
-
-        seqs = collectives["collective_seq_id"]
-        held = (f"its recorded collectives run #{seqs.min()}-#{seqs.max()}" if collectives.height else
-                "it holds no collective (sends and receives are numbered by p2p_seq_id: see `flightrec entries "
-                f"--pg {pg}`)")
+        entries = entries.filter(pl.col("rank").is_in(ranks))
+    near = entries.filter(pl.col("seq").is_between(seq - width, seq + width))
+    if near.height == 0:
+        held = (f"its entries run #{entries['seq'].min()}-#{entries['seq'].max()}" if entries.height
+                else "it holds no entry")
         raise FlightrecError(f"nothing recorded in {pg} within {width} of #{seq}"
                              f"{' for these ranks' if ranks else ''}: {held}")
-    cell = pl.format("{} {}", pl.col("op"), pl.col("state")).alias("cell")
-    wide = (e.with_columns(cell).group_by("group", "collective_seq_id", "rank")
-            .agg(pl.col("cell").str.join("+"))
-            .sort("rank")
-            .pivot(on="rank", index=["group", "collective_seq_id"], values="cell")
-            .sort("group", "collective_seq_id"))
-    wide = wide.rename({c: f"rank {c}" for c in wide.columns if c not in ("group", "collective_seq_id")})
-    return text_table(wide.fill_null("-"))
+    # (a batch of sends and receives repeats one op and state: said once, with a count)
+    cells = (near.with_columns(pl.format("{} {}", "op", "state").alias("cell"))
+             .group_by("group", "kind", "seq", "rank", maintain_order=True)
+             .agg(pl.col("cell").unique(maintain_order=True), pl.len().alias("_n"))
+             .with_columns(pl.when((pl.col("cell").list.len() == 1) & (pl.col("_n") > 1))
+                           .then(pl.format("{} x{}", pl.col("cell").list.first(), "_n"))
+                           .otherwise(pl.col("cell").list.join("+")).alias("cell")))
+    shown = cells["group"].unique(maintain_order=True).sort()
+    parts = []
+    for group in shown.head(max_groups).to_list():
+        mine = cells.filter(pl.col("group") == group)
+        label = groups.filter(pl.col("group") == group).row(0, named=True)
+        wide = (mine.sort("rank").pivot(on="rank", index=["kind", "seq"], values="cell")
+                .sort("kind", "seq").rename({"seq": "seq_id"}))
+        wide = wide.rename({c: f"rank {c}" for c in wide.columns if c not in ("kind", "seq_id")})
+        if (wide["kind"] == "").all():
+            wide = wide.drop("kind")   # (collectives only)
+        desc = f" (desc '{label['pg_desc']}')" if label["pg_desc"] else ""
+        parts += [f"group {group}{desc}, ranks {format_ranks(label['ranks'] or [])}:", text_table(wide.fill_null("-")),
+                  ""]
+    if shown.len() > max_groups:
+        parts.append(f"... and {shown.len() - max_groups:,} more groups: narrow with --rank or a group's name as --pg")
+    return "\n".join(parts).rstrip()
 
 
 def stack_groups_frame(trace: Trace) -> pl.DataFrame:

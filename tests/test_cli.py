@@ -299,7 +299,7 @@ def test_a_hosts_file_that_leaves_ranks_out_is_warned_about(runner, tmp_path):
 
 @pytest.mark.parametrize("args, says", [
     (["--rank", "9"], "rank 9 is not in this job (ranks 0-3)"),
-    (["--pg", "default_pg", "--around", "100"], "its recorded collectives run #1-#8"),
+    (["--pg", "default_pg", "--around", "100"], "its entries run #1-#8"),
 ])
 def test_entries_out_of_range_say_so_instead_of_no_rows(runner, args, says):
     from .conftest import FIXTURES
@@ -357,3 +357,18 @@ def test_ranks_per_host_overridden_by_the_dumps_says_so(runner):
     result = runner.invoke(main, ["analyze", str(FIXTURES / "subgroups_per_host"), "--ranks-per-host", "2"])
     assert "--ranks-per-host 2 ignored: the dumps' folders or names say each rank's host" in result.stderr
     assert "host node1" in result.output
+
+
+def test_entries_around_lines_up_a_pipelines_sends_by_their_own_counter(runner, make_job):
+    """--pg pp --around 3 showed only collective_seq_id 0 (sends are numbered by p2p_seq_id), one column per rank
+    of every pp group, cells cut at 48 characters."""
+    from flightrec import synth
+
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2))
+    text = runner.invoke(main, ["entries", str(out), "--pg", "pp", "--around", "3", "-q"]).stdout
+    first = text.split("\n\n")[0].splitlines()
+    assert first[0].startswith("group ") and "(desc 'pp'), ranks " in first[0]
+    header, rows = first[1].split(), first[2:]
+    assert header[:2] == ["kind", "seq_id"] and len(header) == 2 + 2 * 2   # kind, seq_id, two member ranks
+    assert [r.split()[:2] for r in rows] == [["p2p", str(s)] for s in range(1, 9)][: len(rows)] and len(rows) >= 4
+    assert all(len(r.split()) > 4 and "-" not in r.split()[2:] for r in rows), text
