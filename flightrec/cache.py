@@ -165,7 +165,7 @@ def write(raw: dict[str, pl.DataFrame], files: list["DumpFile"], root: str, opti
     folder = _folder(root, options)
     try:
         write_tables(raw, folder, {"fingerprint": _fingerprint(files), "root": os.path.realpath(root),
-                                   "files": len(files)}, layout=LOCAL_LAYOUT)
+                                   "prefix": options.prefix, "files": len(files)}, layout=LOCAL_LAYOUT)
     except OSError as exc:
         warnings.warn(f"could not write the cache at {folder} ({exc}); pass --no-cache to skip it", stacklevel=3)
         return None
@@ -211,14 +211,16 @@ def prune(cache_dir: Path, keep: Path | None, budget_bytes: int) -> list[Path]:
 
 
 def caches(cache_dir: Path) -> pl.DataFrame:
-    """The local caches in `cache_dir`, most recently used first: folder, root (the dump directory), files,
-    bytes, last_used (UTC)."""
+    """The local caches in `cache_dir`, most recently used first: folder, root (the dump directory), prefix
+    (the `--prefix` it was read with: one root read with two prefixes has two caches), files, bytes, last_used
+    (UTC)."""
     rows = []
     for folder, used in sorted(_ours(cache_dir, None).items(), key=lambda item: -item[1]):
         meta = read_manifest(folder) or {}
-        rows.append({"folder": folder.name, "root": meta.get("root"), "files": meta.get("files"),
-                     "bytes": _size(folder), "last_used": used})
-    schema = {"folder": pl.String, "root": pl.String, "files": pl.Int64, "bytes": pl.Int64, "last_used": pl.Float64}
+        rows.append({"folder": folder.name, "root": meta.get("root"), "prefix": meta.get("prefix"),
+                     "files": meta.get("files"), "bytes": _size(folder), "last_used": used})
+    schema = {"folder": pl.String, "root": pl.String, "prefix": pl.String, "files": pl.Int64, "bytes": pl.Int64,
+              "last_used": pl.Float64}
     return pl.DataFrame(rows, schema=schema, orient="row").with_columns(
         pl.from_epoch(pl.col("last_used"), time_unit="s").alias("last_used"))
 

@@ -45,6 +45,11 @@ def _guard(fn):
                 sys.exit(EXIT_USAGE)
             except (click.exceptions.Exit, click.ClickException, SystemExit):
                 raise
+            except BrokenPipeError:
+                # (piped into `head`, which stopped reading: not an error. Python's own advice: point stdout at
+                # devnull so the flush at exit doesn't raise again)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(0)
             except OSError as exc:   # the machine's, not ours: a folder not writable, a full disk
                 click.echo(f"error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", err=True)
                 sys.exit(EXIT_USAGE)
@@ -287,7 +292,8 @@ def cache_cmd(clear, quiet):
     found = cache.caches(where)
     if found.height:
         click.echo(text_table(found.select(
-            "root", "files", (pl.col("bytes") / 2**30).round(2).alias("GiB"),
+            "root", pl.col("prefix").fill_null("(any)").alias("--prefix"), "files",
+            (pl.col("bytes") / 2**30).round(2).alias("GiB"),
             pl.col("last_used").dt.strftime("%Y-%m-%d %H:%M").alias("last used (UTC)")), max_width=80))
     total, budget = (found["bytes"].sum() or 0) / 2**30, cache.max_bytes()
     limit = "no limit" if budget == sys.maxsize else f"at most {budget / 2**30:g} GiB"

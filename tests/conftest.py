@@ -16,6 +16,14 @@ def recorded_cases() -> list[str]:
     return sorted(p.parent.name for p in FIXTURES.glob("*/expected.json"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """Module-scoped fixtures analyse too, before any test's own cache is set: never into the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLIGHTREC_CACHE_DIR", str(tmp_path_factory.mktemp("session_cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     """Every test gets its own cache folder so runs never see each other's tables."""

@@ -246,11 +246,14 @@ def test_an_unwritable_report_path_fails_before_the_analysis(runner, hung, tmp_p
 
     def never(*a, **k):
         raise AssertionError("analysed before checking -o")
-    monkeypatch.setattr(cli, "analyze", never)
-    for output, message in ((tmp_path / "no" / "such" / "r.json", "does not exist"), (tmp_path, "is a directory")):
-        result = runner.invoke(main, ["analyze", str(hung), "-o", str(output)])
-        assert result.exit_code == 2 and message in result.stderr, result.output
-    monkeypatch.undo()
+    # (a context, not monkeypatch.undo(): that also undid the private cache, and the convert below wrote into
+    # the user's own)
+    with monkeypatch.context() as patch:
+        patch.setattr(cli, "analyze", never)
+        for output, message in ((tmp_path / "no" / "such" / "r.json", "does not exist"),
+                                (tmp_path, "is a directory")):
+            result = runner.invoke(main, ["analyze", str(hung), "-o", str(output)])
+            assert result.exit_code == 2 and message in result.stderr, result.output
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = runner.invoke(main, ["convert", str(hung), str(blocker / "out"), "-q"])
@@ -372,3 +375,27 @@ def test_entries_around_lines_up_a_pipelines_sends_by_their_own_counter(runner, 
     assert header[:2] == ["kind", "seq_id"] and len(header) == 2 + 2 * 2   # kind, seq_id, two member ranks
     assert [r.split()[:2] for r in rows] == [["p2p", str(s)] for s in range(1, 9)][: len(rows)] and len(rows) >= 4
     assert all(len(r.split()) > 4 and "-" not in r.split()[2:] for r in rows), text
+
+
+def test_output_piped_into_head_ends_quietly(hung):
+    """`flightrec ... | head` printed 'error: Broken pipe' once head had read enough."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "flightrec", "entries", str(hung), "--last", "10000", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()   # (as head does, with most of the output, far past a pipe's buffer, still to write)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"error" not in err, err
+
+
+def test_cache_lists_the_prefix_each_cache_was_read_with(runner):
+    from .conftest import FIXTURES
+
+    for prefix in ([], ["--prefix", "nccl_trace_rank_"]):
+        assert runner.invoke(main, ["load", str(FIXTURES / "healthy"), "-q", *prefix]).exit_code == 0
+    listed = runner.invoke(main, ["cache"]).stdout
+    assert "--prefix" in listed.splitlines()[0]
+    rows = [line.split()[1] for line in listed.splitlines()[1:] if line.startswith(str(FIXTURES / "healthy") + " ")]
+    assert sorted(rows) == ["(any)", "nccl_trace_rank_"], listed
