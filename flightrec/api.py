@@ -75,6 +75,11 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
                              "e.g. AnalyzeOptions(load=LoadOptions(...), ...)")
     if options is None:
         load_keys = set(LoadOptions.__dataclass_fields__)
+        known = load_keys | set(AnalyzeOptions.__dataclass_fields__) - {"load"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise FlightrecError(f"analyze: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                                 f"known: {', '.join(sorted(known))}")
         load_opts = LoadOptions(**{k: v for k, v in kwargs.items() if k in load_keys})
         options = AnalyzeOptions(load=load_opts, **{k: v for k, v in kwargs.items() if k not in load_keys})
     stage = options.stage or (lambda _msg: None)

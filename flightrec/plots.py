@@ -113,7 +113,7 @@ def progress_heatmap(report: "Report", group: str | None = None, window: int = 1
     from matplotlib.colors import ListedColormap
 
     m = report.matching
-    group = group or _default_group(report)
+    group = _one_group(report, group) if group is not None else _default_group(report)
     prog = m.progress.filter(pl.col("group") == group).sort("rank")
     units = m.units.filter(pl.col("group") == group)
     hi = int(prog["frontier"].max() or 0)
@@ -147,6 +147,18 @@ def progress_heatmap(report: "Report", group: str | None = None, window: int = 1
     fig.tight_layout()
     fig.flightrec_grid = (prog["rank"].to_list(), seqs, grid, order)
     return fig
+
+
+def _one_group(report: "Report", pg: str | int) -> str:
+    """The group `pg` names (name, desc or id, as everywhere): of several (a desc), the one with the most members
+    behind, the lowest id on a tie."""
+    chosen = report.trace.select_groups(str(pg))["group"].cast(pl.String).to_list()
+    if len(chosen) == 1:
+        return chosen[0]
+    behind = (report.matching.progress.filter(pl.col("group").cast(pl.String).is_in(chosen))
+              .group_by(pl.col("group").cast(pl.String)).agg((pl.col("behind") > 0).sum().alias("n"))
+              .sort(["n", "group"], descending=[True, False]))
+    return behind["group"][0] if behind.height else chosen[0]
 
 
 def _default_group(report: "Report") -> str:
@@ -202,51 +214,99 @@ def wait_graph(report: "Report") -> "Figure":
 
 
 def timeline(report: "Report", ranks: list[int] | None = None, last: int = 20) -> "Figure":
-    """The last `last` entries of selected ranks on a common clock: a bar from enqueue to completion (to the
-    end of the plot when unfinished), coloured by op."""
+    """The last `last` entries of selected ranks on a common clock, coloured by op: a bar from enqueue to
+    completion; an unfinished one runs to the end of the plot (black edge). Where the recorder doesn't report
+    completion (Gloo), a bar runs to the rank's next entry, hatched: when it finished is not known. Default
+    ranks: the members of the first root cause's group (up to 8), else the stragglers, else the culprits and a
+    few waiting ranks. Entries far before the rest (a start-up barrier) are clipped at the left edge."""
     plt = _plt()
+    from .views import check_ranks
 
     e = report.trace.entries
-    ranks = ranks or sorted(set(report.culprits["ranks"]) | set(report.waits.waiting[:3] if report.waits else []))[:8]
-    ranks = ranks or e["rank"].unique().sort().head(4).to_list()
+    check_ranks(report.trace, ranks)
+    ranks = ranks or _timeline_ranks(report)
     sel = (e.filter(pl.col("rank").is_in(ranks) & ~pl.col("is_p2p")).sort("rank", "record_id")
-           .group_by("rank", maintain_order=True).tail(last))
-    t0 = sel["time_created_ns"].min() or 0
+           .group_by("rank", maintain_order=True).tail(last)
+           .with_columns(pl.col("time_created_ns").shift(-1).over("rank").alias("_next_ns")))
+    tracks = set(report.progress.filter(pl.col("tracks_completion"))["rank"].unique().to_list())
+    starts = sel["time_created_ns"].drop_nulls()
     end = max(sel["time_created_ns"].max() or 0, sel["time_completed_ns"].max() or 0)
+    # (the left edge: around most entries, not at a start-up collective seconds or minutes before them)
+    mid = starts.median() if starts.len() else 0
+    t0 = max(starts.min() or 0, int(mid - (end - mid)))
     ops = sorted({str(o) for o in sel["op"].to_list()})
     cmap = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(9, 0.6 + 0.5 * len(ranks)))
     for row in sel.iter_rows(named=True):
-        start = (row["time_created_ns"] - t0) / 1e6 if row["time_created_ns"] else 0
-        stop = ((row["time_completed_ns"] or end) - t0) / 1e6
-        y = ranks.index(row["rank"])
-        ax.barh(y, max(stop - start, 0.5), left=start, color=cmap(ops.index(str(row["op"])) % 10),
-                edgecolor="black" if row["state"] != "completed" else "none", height=0.6)
+        start = max(0.0, (row["time_created_ns"] - t0) / 1e6) if row["time_created_ns"] else 0
+        unknown = row["rank"] not in tracks and row["time_completed_ns"] is None and row["_next_ns"] is not None
+        finish = row["time_completed_ns"] or (row["_next_ns"] if unknown else None) or end
+        stop = (finish - t0) / 1e6
+        ax.barh(ranks.index(row["rank"]), max(stop - start, 0.5), left=start,
+                color=cmap(ops.index(str(row["op"])) % 10), hatch="//" if unknown else None,
+                edgecolor="black" if row["state"] != "completed" and not unknown else "none", height=0.6)
     ax.set_yticks(range(len(ranks)), labels=[f"rank {r}" for r in ranks])
-    ax.set_xlabel("ms since the first shown entry (black edge: unfinished)")
+    ax.set_xlabel("ms since the left edge (black edge: unfinished; hatched: completion not recorded, drawn to "
+                  "the next entry)", fontsize=8)
     handles = [plt.Rectangle((0, 0), 1, 1, color=cmap(i % 10)) for i in range(len(ops))]
     ax.legend(handles, ops, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    ax.set_title(f"Last {last} collectives of ranks {format_ranks(ranks)}")
+    roots = report.root_causes
+    headline = roots[0].message.split(";")[0] if roots else ""
+    about = f"\nroot cause: {headline[:90]}{'...' if len(headline) > 90 else ''}" if roots else ""
+    ax.set_title(f"Last {last} collectives of ranks {format_ranks(ranks)}{about}", fontsize=9)
     fig.tight_layout()
+    fig.flightrec_ranks = ranks
     return fig
 
 
+def _timeline_ranks(report: "Report") -> list[int]:
+    """The culprit's peers in the group where it broke, culprits first; else stragglers; else who waits."""
+    culprits = report.culprits["ranks"]
+    for f in report.root_causes:
+        if f.process_group is not None:
+            members = report.trace.select_groups(f.process_group.name)["ranks"]
+            if members.len() == 1 and members[0] is not None:
+                peers = [r for r in members[0].to_list() if r not in culprits]
+                return (sorted(culprits) + peers)[:8]
+    if report.timing is not None and report.timing.per_rank["straggler"].any():
+        per_rank = report.timing.per_rank
+        stragglers = per_rank.filter(pl.col("straggler"))["rank"].to_list()[:5]
+        others = per_rank.filter(~pl.col("straggler"))["rank"].head(3).to_list()   # (to compare with)
+        return sorted(set(culprits) | set(stragglers)) + others
+    ranks = sorted(set(culprits) | set(report.waits.waiting[:3] if report.waits else []))[:8]
+    return ranks or report.trace.entries["rank"].unique().sort().head(4).to_list()
+
+
 def lateness(report: "Report", ranks: list[int] | None = None) -> "Figure":
-    """Lateness (ms, clock offsets removed) of each rank over its collectives; stragglers stand out."""
+    """Lateness (ms, clock offsets removed) of each rank's collectives against when it enqueued them (ms since
+    the first shown), in every group at once; stragglers stand out. Default ranks: the six latest by median.
+    The dashed line is the threshold a rank's median must pass to be named a straggler."""
     plt = _plt()
+    from .views import check_ranks
 
     t = report.timing
-    late = t.lateness
+    check_ranks(report.trace, ranks)
     if ranks is None:
         ranks = t.per_rank.sort("median_late_ms", descending=True).head(6)["rank"].to_list()
+    # (when: the enqueue time of the rank's own entry, read for the few ranks shown)
+    when = (report.trace.entries.filter(pl.col("rank").is_in(ranks) & ~pl.col("is_p2p"))
+            .select("group", "collective_seq_id", "rank", "time_created_ns")
+            .unique(["group", "collective_seq_id", "rank"], keep="first"))
+    late = (t.lateness.filter(pl.col("rank").is_in(ranks))
+            .join(when, on=["group", "collective_seq_id", "rank"], how="left").drop_nulls("time_created_ns"))
+    t0 = late["time_created_ns"].min() or 0
     fig, ax = plt.subplots(figsize=(8, 3.5))
     for r in ranks:
-        mine = late.filter(pl.col("rank") == r).sort("group", "collective_seq_id")
-        ax.plot(range(mine.height), mine["late_ms"].to_list(), marker=".", linewidth=0.8, label=f"rank {r}")
-    ax.axhline(t.threshold_ms, color="black", linestyle="--", linewidth=0.8, label="straggler threshold")
-    ax.set_xlabel("collective (per rank, in group and sequence order)")
+        mine = late.filter(pl.col("rank") == r).sort("time_created_ns")
+        # (points, not lines: a rank's groups interleave, and waits add up along a step: a line would zigzag
+        # between a tp collective on time and a dp one late)
+        ax.plot(((mine["time_created_ns"] - t0) / 1e6).to_list(), mine["late_ms"].to_list(), marker=".",
+                linestyle="none", label=f"rank {r}")
+    ax.axhline(t.threshold_ms, color="black", linestyle="--", linewidth=0.8,
+               label="threshold (on a rank's median)")
+    ax.set_xlabel("enqueued at (ms since the first shown collective)")
     ax.set_ylabel("late by (ms)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title("Lateness per rank")
+    ax.set_title("Lateness per rank over time")
     fig.tight_layout()
     return fig

@@ -24,7 +24,7 @@ def text_table(df: pl.DataFrame, max_width: int = 48) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
 
 
-def _check_ranks(trace: Trace, ranks: list[int] | None) -> None:
+def check_ranks(trace: Trace, ranks: list[int] | None) -> None:
     """A rank outside the job is a typo, not an empty table."""
     outside = sorted(r for r in ranks or [] if not 0 <= r < trace.world_size)
     if outside:
@@ -34,7 +34,7 @@ def _check_ranks(trace: Trace, ranks: list[int] | None) -> None:
 
 
 def entries_frame(trace: Trace, ranks: list[int] | None = None, pg: str | None = None, last: int = 20) -> pl.DataFrame:
-    _check_ranks(trace, ranks)
+    check_ranks(trace, ranks)
     e = trace.entries
     if ranks:
         e = e.filter(pl.col("rank").is_in(ranks))
@@ -61,7 +61,7 @@ def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width
 
     if pg is None:
         raise FlightrecError("--around needs --pg: sequence ids are per process group")
-    _check_ranks(trace, ranks)
+    check_ranks(trace, ranks)
     groups = trace.select_groups(pg)
     p2p = pl.col("is_p2p") | ((pl.col("op") == "coalesced") & (pl.col("collective_seq_id") == 0))
     entries = (trace.entries.join(groups.select("group"), on="group", how="semi")

@@ -294,3 +294,11 @@ def test_the_api_refuses_options_and_keywords_together():
 
     with pytest.raises(FlightrecError, match="not both"):
         analyze(FIXTURES / "skip_collective", AnalyzeOptions(), world_size=4)
+
+
+def test_the_api_names_the_options_it_knows_when_given_one_it_does_not():
+    """hosts= (for hosts_file=) raised a bare TypeError from a dataclass."""
+    from flightrec.errors import FlightrecError
+
+    with pytest.raises(FlightrecError, match="unknown option hosts; known: .*hosts_file"):
+        analyze(FIXTURES / "skip_collective", hosts="hosts.csv")

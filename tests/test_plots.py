@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from flightrec import analyze, plots, synth  # noqa: E402
+from flightrec.errors import FlightrecError  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +66,42 @@ def test_report_exposes_the_frames_and_html(report):
     assert report.waits.edges.height > 0 and report.trace.entries.height > 0
     html = report._repr_html_()
     assert "FAULT: rank 6" in html and "<table>" in html
+
+
+def _fixture(case):
+    from .conftest import FIXTURES
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return analyze(FIXTURES / case, use_cache=False)
+
+
+def test_progress_heatmap_takes_a_desc_or_an_id_as_every_other_api_does():
+    """group='tp' drew a blank figure; group=2 raised Polars' 'cannot compare categorical with i32'."""
+    sub = _fixture("subgroups_per_host")
+    for group in ("tp", 2, "2"):
+        ranks, _seqs, _grid, _order = plots.progress_heatmap(sub, group=group).flightrec_grid
+        assert ranks == [4, 5, 6, 7], group
+
+
+def test_timeline_on_gloo_shows_the_culprits_group_and_where_it_stopped():
+    """On Gloo (no completion times) every bar ran to the right edge, a start-up broadcast squeezed the rest, and
+    the ranks shown were the culprit and three waiters from another group."""
+    sub = _fixture("subgroups_per_host")
+    fig = plots.timeline(sub)
+    assert fig.flightrec_ranks == [5, 4, 6, 7]   # the culprit, then its tp peers
+    bars = fig.axes[0].patches
+    assert sum(1 for b in bars if b.get_hatch()) >= len(bars) - 4   # drawn to the next entry: when it ended is unknown
+    right = max(b.get_x() + b.get_width() for b in bars)
+    assert right < 1000   # ms: the last steps, not the 17 s since the start-up broadcast
+    with pytest.raises(FlightrecError, match="rank 99 is not in this job"):
+        plots.timeline(sub, ranks=[99])
+
+
+def test_lateness_plot_is_over_time_and_shows_the_straggler():
+    late = _fixture("straggler")
+    ax = plots.lateness(late).axes[0]
+    by_rank = {line.get_label(): line for line in ax.lines if line.get_label().startswith("rank ")}
+    assert "rank 2" in by_rank
+    xs = list(by_rank["rank 2"].get_xdata())
+    assert xs == sorted(xs) and xs[-1] > 100   # ms since the first shown collective, in order
