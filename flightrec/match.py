@@ -177,6 +177,11 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl
 # ---------------------------------------------------------------------------------------------- progress
 
 
+def cut_short(dumps: pl.DataFrame) -> pl.Series:
+    """The ranks whose dump file was cut short (the reader kept the entries written before the cut)."""
+    return dumps.filter(pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any())["rank"]
+
+
 def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
              pg_status: pl.DataFrame, tracks: pl.DataFrame, groups: pl.DataFrame | None = None) -> pl.DataFrame:
     """How far each member of each group got. Uses pg_status where it is about collectives only. `groups`
@@ -217,7 +222,7 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
     rank_info = dumps.filter(pl.col("loaded")).join(ran, on="rank", how="left").select(
         "rank", pl.col("wrapped"),
-        (pl.col("problems").list.eval(pl.element().str.starts_with(TRUNCATED)).list.any()
+        (pl.col("rank").is_in(cut_short(dumps).implode())
          | ((pl.col("entry_count") == 0) & pl.col("_ran").fill_null(False))).alias("_unknown"),
     ).with_columns((~pl.col("_unknown")).alias("has_dump")).join(tracks, on="rank", how="left")
     rolled_out = _rolled_out_status(per, members, pg_status, p2p_groups, trace_entries,
@@ -420,7 +425,10 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -
         .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
         .with_columns(completion.alias("_tracks"),
                       pl.coalesce("_batch_state", "state").alias("_st"))
-        .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")).alias("pending"))
+        # (a dump cut short lost its newest entries, the closers that say a batch finished among them: its
+        # unfinished-looking ops say nothing, as its last collectives don't (`progress`: has_dump))
+        .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")
+                       & ~pl.col("rank").is_in(cut_short(dumps).implode())).alias("pending"))
         .with_columns(
             pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),
             pl.when(pl.col("op") == "send").then("peer").otherwise("rank").alias("dst"),

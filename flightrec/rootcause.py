@@ -261,17 +261,37 @@ def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
     return preceded.join(left, on="dst", how="semi")
 
 
-def _root_findings(ctx: _Context, explained: set[int], stuck: set[int]) -> list[Finding]:
+def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
+    """Ranks waiting on a missing member in a collective in flight on every member with a dump, where a group of
+    the same kind is stuck in flight at the same seq with every dump there (`stuck_at`: group -> seq): the hang
+    below the collectives holds both groups, and the missing one need not be why (a dead link's dp groups)."""
+    if not stuck_at:
+        return set()
+    kind = {g: ref.desc for g, ref in ctx.groups.items()}
+    stuck_kinds = {(kind.get(g), seq) for g, seq in stuck_at.items()}
+    in_flight = set(ctx.m.collectives.filter(pl.col("status") == "in_flight")
+                    .select(pl.col("group").cast(pl.String), "collective_seq_id").iter_rows())
+    waits = (ctx.w.edges.filter((pl.col("kind") == "missing") & pl.col("src").str.starts_with("r:"))
+             .select(pl.col("src").str.slice(2).cast(pl.Int64), pl.col("group").cast(pl.String), "seq"))
+    return {rank for rank, group, seq in waits.iter_rows()
+            if (group, seq) in in_flight and group not in stuck_at and (kind.get(group), seq) in stuck_kinds}
+
+
+def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
+                   stuck_at: dict[str, int] | None = None) -> list[Finding]:
     """Roots of the wait graph: ranks that others wait for and that wait for nobody."""
     roots = [r for r in ctx.w.roots if r not in explained and r not in stuck]
     edges = ctx.w.edges.filter(pl.col("dst").is_in([f"r:{r}" for r in roots]))
     # A missing dump whose waiters are all stuck in a mismatched collective is explained by the mismatch.
     missing = [r for r in roots if r not in ctx.has_dump and not set(ctx.w.waiters_of([r])) <= explained]
-    # So is one whose waiters all wait on a rank whose own dump shows it behind: that rank explains the hang,
-    # while how far the missing one got is unknown (a warning names it, `_warning_findings`).
+    # So is one whose waiters all wait on a rank whose own dump shows it behind, or on ranks stuck in a
+    # collective in flight on every member (a hang below the collectives: a dead link): those explain the hang,
+    # while how far the missing one got is unknown (a warning names it, `_warning_findings`). A bystander's
+    # lost dump took the blame for a dead link.
     provable = [r for r in roots if r in ctx.has_dump]
-    if provable and missing:
-        covered = set(ctx.w.waiters_of(provable)) | set(provable)
+    holding = provable + sorted(stuck | _beside_stuck(ctx, stuck_at or {}))
+    if holding and missing:
+        covered = set(ctx.w.waiters_of(holding)) | set(holding)
         missing = [r for r in missing if not set(ctx.w.waiters_of([r])) <= covered]
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
     out: list[Finding] = []
@@ -519,7 +539,7 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
 
 
 def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[int],
-                      culprits: set[int] = frozenset()) -> list[Finding]:
+                      culprits: set[int] = frozenset(), stuck: set[int] = frozenset()) -> list[Finding]:
     out = []
     missing = [r for r in ctx.trace.missing_ranks if r not in reported_missing]
     if missing:
@@ -529,6 +549,8 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
         why = ("the ranks waiting on it are stuck in the root cause above" if waited_on and waiters <= explained else
                f"the ranks waiting on it wait on {ctx.ranks_label(behind)} too, whose dump shows it behind"
                if waited_on and behind and waiters <= set(ctx.w.waiters_of(behind)) | set(behind) else
+               "the ranks waiting on it wait too on ranks stuck in a collective in flight on every member (above)"
+               if waited_on and stuck and waiters <= set(ctx.w.waiters_of(sorted(stuck))) | stuck else
                f"no loaded rank is provably waiting on {'it' if len(missing) == 1 else 'them'}")
         out.append(Finding(kind="missing_dump", role="warning", ranks=missing, hosts=ctx.topo.hosts(missing),
                            message=f"{ctx.ranks_label(missing)} left no dump; {why}",
@@ -583,7 +605,8 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     roots += late
     explained |= waited_on_late
     stuck = set(loc.stuck_ranks) if loc else set()
-    roots += _root_findings(ctx, explained, stuck)
+    stuck_at = {g: seq for g, seq in loc.seqs.items() if seq >= 0} if loc else {}
+    roots += _root_findings(ctx, explained, stuck, stuck_at)
     stuck_findings = _stuck_findings(ctx, loc, explained)
 
     findings = [f for f in roots if f.role == "root_cause"] + [f for f in stuck_findings if f.role == "root_cause"]
@@ -592,7 +615,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
     symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
-    warnings = _warning_findings(ctx, reported_missing, explained, culprits)
+    warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
     findings += symptoms + warnings
 
     if any(f.role == "root_cause" for f in findings):

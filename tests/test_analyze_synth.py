@@ -1,6 +1,7 @@
 """Synthetic NCCL jobs with one injected fault each: the culprits are exactly the injected ones."""
 
 import json
+import warnings
 from pathlib import Path
 
 import jsonschema
@@ -428,3 +429,40 @@ def test_a_rank_that_left_no_dump_is_a_warning_when_its_waiters_wait_on_a_proven
     assert warning.role == "warning" and warning.ranks == [2]
     assert warning.message == ("rank 2 left no dump; the ranks waiting on it wait on rank 1 too, whose dump shows "
                                "it behind")
+
+
+def _damage(out, rank, keep=None):
+    """Delete `rank`'s dump (keep=None) or cut it to `keep` of its bytes."""
+    path = next(p for p in out.rglob(f"*_{rank}") if p.is_file())
+    if keep is None:
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[: int(path.stat().st_size * keep)])
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_a_dump_cut_short_makes_up_no_hang(make_job, rank):
+    """A healthy job with one dump cut to 70%: its last batch of sends lost the entry that says it finished,
+    and read as 'link node00000 <-> node00001: a send in flight at both ends' (adversarial sweep)."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, steps=3), per_host_folders=True)
+    _damage(out, rank, keep=0.7)
+    with pytest.warns(UserWarning, match="truncated"):
+        report = analyze(out, use_cache=False)
+    assert report.verdict == "healthy" and not report.root_causes, report.summary
+    assert [f.kind for f in report.findings if f.role == "warning"] == ["dump_problem"]
+
+
+@pytest.mark.parametrize("rank, keep", [(15, None), (15, 0.7), (8, None), (8, 0.7)])
+def test_a_bystanders_lost_dump_takes_no_blame_for_a_dead_link(make_job, rank, keep):
+    """A dead link between node00000 and node00002 hangs two dp groups in flight on every member: inconclusive,
+    no single link stands out. With an innocent rank's dump lost or cut, it read 'FAULT: rank 15 left no dump,
+    and 7 ranks wait on it' (rank 15 is in no hung group; rank 8 is in one, beside its twin stuck group)."""
+    job = synth.Job(tp=4, pp=1, dp=4, ranks_per_host=2, steps=3,
+                    fault=synth.Fault(kind="dead_link", rank=0, phase="dp", hosts=("node00000", "node00002")))
+    out, _ = make_job(job, per_host_folders=True)
+    _damage(out, rank, keep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the cut file's)
+        report = analyze(out, use_cache=False)
+    assert report.verdict == "inconclusive" and not report.root_causes, report.summary
+    assert "in flight on every member" in report.summary
