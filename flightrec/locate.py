@@ -96,11 +96,17 @@ def locate(m: Matching, topo: Topology, exclude: frozenset[int] | set[int] = fro
         [a, b] for a, b in combinations(common, 2)
         if not any(a in s and b in s for s in healthy_sets)
     ]
+    # One host left uncleared names it only where two stuck groups or more narrowed the candidates: with one,
+    # every host in it is stuck alike, and which of them completed something in another group since (and so
+    # is cleared) is chance; a dead link between two cleared hosts explains it as well (a bystander host was
+    # named at 256 ranks). A host cleared by healthy groups can still hold one end of a dead link, too.
+    links_between_cleared = [pair for pair in link_suspects if not set(pair) & set(host_suspects)]
+    narrowed = len(host_sets) >= 2 and not links_between_cleared
     if len(common) == 1:
         found_hosts, found_links = list(common), []
     elif len(common) == 2 or len(link_suspects) == 1:
         found_hosts, found_links = [], ([common] if len(common) == 2 else link_suspects)
-    elif len(host_suspects) == 1:
+    elif len(host_suspects) == 1 and narrowed:
         found_hosts, found_links = host_suspects, []
     else:
         found_hosts, found_links = [], []

@@ -466,3 +466,14 @@ def test_a_bystanders_lost_dump_takes_no_blame_for_a_dead_link(make_job, rank, k
         report = analyze(out, use_cache=False)
     assert report.verdict == "inconclusive" and not report.root_causes, report.summary
     assert "in flight on every member" in report.summary
+
+
+def test_a_dead_link_in_one_stuck_group_names_no_bystander_host(make_job):
+    """256 ranks, tp 8 over four hosts of 2: the link node00088 <-> node00091 dies under a tp collective. One
+    stuck group holds hosts 88-91, all stuck alike; 88, 90 and 91 happened to complete something elsewhere
+    since, and host node00089 was named for being 'in none of the 46 groups that kept completing'."""
+    job = synth.Job(tp=8, pp=4, dp=8, ranks_per_host=2, steps=2, microbatches=1, seed=375754,
+                    fault=synth.Fault(kind="dead_link", rank=177, phase="dp", hosts=("node00088", "node00091")))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert report.verdict == "inconclusive" and not report.root_causes, report.summary
+    assert "node00089" not in report.summary or "not narrowed" in report.summary
