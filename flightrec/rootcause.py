@@ -309,6 +309,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
     edges = edges.join(_preceded(ctx, edges), on=["dst", "group", "seq"], how="anti")
     by_instance: dict[tuple[str, int | None, str], list[int]] = defaultdict(list)  # (group, seq, edge kind)
+    also: dict[int, list[str]] = {}
     for r in roots:
         if r in missing:
             continue
@@ -317,6 +318,9 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
             continue
         first = mine.row(0, named=True)
         by_instance[(first["group"], first["seq"] if first["kind"] != "p2p" else None, first["kind"])].append(r)
+        # where else others wait on it: a rank stopped before its pipeline send is also what its tp peers wait
+        # for at their next collective, and the headline can name only one
+        also[r] = _other_waits(ctx, mine.slice(1), first)
     for (group, seq, kind), ranks in sorted(by_instance.items(), key=lambda kv: kv[1][0]):
         g = ctx.groups.get(group)
         waiting = ctx.w.waiters_of(ranks)
@@ -331,11 +335,28 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
             kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
             evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing),
+                      **({"also_waited_on_in": also[ranks[0]]} if also.get(ranks[0]) else {}),
                       **_counted_only(ctx, ranks, group)},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
     # (ranks whose dumps prove them behind come first: how far a rank with no dump got is unknown)
     return out + _missing_findings(ctx, missing, edges)
+
+
+def _other_waits(ctx: _Context, edges: pl.DataFrame, first: dict) -> list[str]:
+    """The other places a root is waited on (its wait edges after the one named), one label each: 'send/recv
+    in group 10 (desc 'pp')', 'all_reduce #3 in group 18 (desc 'dp')'."""
+    out = []
+    for group, seq, kind in edges.select("group", "seq", "kind").unique(maintain_order=True).iter_rows():
+        if (group, kind) == (first["group"], first["kind"]):
+            continue
+        g = ctx.groups.get(group)
+        where = g.label() if g else f"group {group}"
+        what = "send/recv" if kind == "p2p" else f"{ctx.op_at(group, seq) or 'collective'} #{seq}"
+        label = f"{what} in {where}"
+        if label not in out:
+            out.append(label)
+    return out[:4]
 
 
 def _never_joined(ctx: _Context, ranks: list[int], group: str, seq: int, waiting: list[int]) -> tuple[str, str]:

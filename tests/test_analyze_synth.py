@@ -477,3 +477,13 @@ def test_a_dead_link_in_one_stuck_group_names_no_bystander_host(make_job):
     report, _ = run(make_job, job, per_host_folders=True)
     assert report.verdict == "inconclusive" and not report.root_causes, report.summary
     assert "node00089" not in report.summary or "not narrowed" in report.summary
+
+
+def test_a_rank_stopped_before_its_pipeline_send_says_where_else_it_is_waited_on(make_job):
+    """The headline names one op (tp all_gather #19, its tp peers' wait); its pipeline peer's wait for the send it
+    never posted, the op the generator stopped it at, was said nowhere (API review helper)."""
+    job = synth.Job(tp=2, pp=4, dp=2, fault=synth.Fault(kind="not_joined", rank=5, phase="p2p"))
+    report, truth = run(make_job, job)
+    root = report.root_causes[0]
+    assert root.ranks == truth["ranks"] == [5]
+    assert f"send/recv in group {truth['pg_name']} (desc 'pp')" in root.evidence["also_waited_on_in"]
