@@ -201,6 +201,8 @@ def wait_graph(report: "Report") -> "Figure":
             if r in reach:
                 g.add_edge(node, f"rank {r}")
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    if not g.number_of_nodes():
+        ax.text(0.5, 0.5, "nobody waits on anyone", ha="center", va="center", fontsize=12, color="#555555")
     if g.number_of_nodes():
         pos = nx.spring_layout(g, seed=1)
         colours = [STATE_COLOURS["culprit" if g.nodes[n].get("kind") == "culprit" else "waiting"] for n in g.nodes]

@@ -199,6 +199,14 @@ class Report:
             lines += ["```", "</details>"]
         return "\n".join(lines) + "\n"
 
+    def __repr__(self) -> str:
+        # (the dataclass's own repr printed every finding with its stack frames: pages, in a terminal)
+        roles = [f.role for f in self.findings]
+        counts = ", ".join(f"{roles.count(r)} {r.replace('_', ' ')}{'s' if roles.count(r) != 1 else ''}"
+                           for r in ("root_cause", "symptom", "warning") if r in roles)
+        return (f"<Report {self.verdict}: {self.summary[:160]}{'...' if len(self.summary) > 160 else ''} "
+                f"({counts or 'no findings'}; .to_text() for all of it)>")
+
     def _repr_html_(self) -> str:
         colour = {"healthy": "#2e7d32", "fault": "#c62828", "inconclusive": "#ef6c00"}[self.verdict]
         rows = "".join(

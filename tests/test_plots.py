@@ -105,3 +105,12 @@ def test_lateness_plot_is_over_time_and_shows_the_straggler():
     assert "rank 2" in by_rank
     xs = list(by_rank["rank 2"].get_xdata())
     assert xs == sorted(xs) and xs[-1] > 100   # ms since the first shown collective, in order
+
+
+def test_a_report_reads_as_one_line_and_a_healthy_wait_graph_says_nobody_waits():
+    """repr(report) printed every finding with its stack frames; wait_graph on a healthy job was a blank canvas."""
+    sub = _fixture("subgroups_per_host")
+    assert repr(sub).startswith("<Report fault: FAULT: rank 5") and "1 root cause, 2 symptoms" in repr(sub)
+    assert len(repr(sub).splitlines()) == 1
+    healthy = _fixture("healthy")
+    assert [t.get_text() for t in plots.wait_graph(healthy).axes[0].texts] == ["nobody waits on anyone"]
