@@ -1,0 +1,211 @@
+"""Correctness sweep: random synthetic jobs with one injected fault each, some with innocent dumps lost or cut
+short, analysed and scored against the generator's ground truth.
+
+    python -m bench.sweep [--jobs 200] [--seed 0] [--workers 2] [--out sweep.jsonl]
+
+Each job draws a 3D layout (tp 1-8, pp 1-4, dp 2-8, up to 128 ranks; 1-8 ranks a host), a fault (hangs:
+host_down, dead_link, not_joined, type/dtype/size mismatch; timing: straggler, straggler_host, slow_link,
+clock_offset), dump variants (recorder 2.4-2.10, timing on or off, JSON, gzip, file prefixes, hosts from
+per-host folders, a CSV or ranks per host) and damage (none, or one or two innocent ranks' dumps deleted or
+cut to 50-95% of their bytes). A job is the same for a seed and index, whatever the code under test.
+
+Results, per job: right; right+damaged (the culprit named, and a damaged innocent rank as a second root
+cause); inconclusive (a hang the dumps can't narrow: e.g. a dead link under groups spanning 3+ hosts);
+ambiguous (a slow link found, not narrowed to one host pair); partial (the straggler named with others);
+missed (a timing fault not seen); WRONG (a wrong culprit, a fault called healthy, a healthy job called
+faulty); ERROR (an exception: a bug). Prints the table by fault kind and by damage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import random
+import re
+import shutil
+import tempfile
+import time
+import traceback
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from flightrec import analyze, synth
+
+HANGS = ("host_down", "dead_link", "not_joined", "type_mismatch", "dtype_mismatch", "size_mismatch")
+TIMING = ("straggler", "straggler_host", "slow_link", "clock_offset")
+RESULTS = ("right", "right+damaged", "inconclusive", "ambiguous", "partial", "missed", "WRONG", "ERROR")
+
+
+def draw(seed: int, index: int) -> dict:
+    """One job's description (plain data: it is written to the results)."""
+    rng = random.Random(seed * 1_000_003 + index)
+    kind = rng.choices(HANGS + TIMING, [10, 10, 4, 10, 10, 4, 10, 10, 10, 8])[0]
+    while True:
+        tp, pp, dp = rng.choice([1, 2, 4, 8]), rng.choice([1, 2, 3, 4]), rng.choice([2, 3, 4, 8])
+        world = tp * pp * dp
+        per_host = rng.choice([r for r in (1, 2, 4, 8) if world % r == 0 and world // r >= 2] or [1])
+        if world <= 128 and (world // per_host >= 2 or kind not in ("host_down", "dead_link", "slow_link",
+                                                                     "straggler_host", "clock_offset")):
+            break
+    job = synth.Job(tp=tp, pp=pp, dp=dp, ranks_per_host=per_host)
+    rank = rng.randrange(world)
+    phases = [p for p, on in (("tp", tp > 1), ("p2p", pp > 1), ("dp", True)) if on]
+    if kind.endswith("mismatch"):
+        phases = [p for p in phases if p != "p2p"]
+    hosts: tuple[str, ...] = ()
+    if kind in ("dead_link", "slow_link"):
+        peers = sorted({job.host_of(r) for r in _group_peers(job, rank)} - {job.host_of(rank)})
+        if not peers:
+            return draw(seed, index + 1_000_000)
+        hosts = (job.host_of(rank), rng.choice(peers))
+    elif kind in ("straggler_host", "clock_offset") or (kind == "host_down" and rng.random() < 0.3):
+        hosts = (job.host_of(rank),)
+    fault = dict(kind=kind, rank=rank, step=rng.choice([-1, -1, rng.randrange(3)]), phase=rng.choice(phases),
+                 hosts=hosts, delay_ms=rng.choice([150.0, 300.0, 1000.0]) if kind in TIMING else 150.0,
+                 offset_ms=rng.choice([100.0, 500.0, 5000.0, -500.0]) if kind == "clock_offset" else 0.0)
+    job_args = dict(tp=tp, pp=pp, dp=dp, steps=rng.choice([3, 4, 6]), ranks_per_host=per_host,
+                    microbatches=rng.choice([1, 2, 4]), version=rng.choice(["2.10", "2.10", "2.9", "2.7", "2.4"]),
+                    timing=rng.random() < 0.7, seed=rng.randrange(10**6), buffer_size=rng.choice([2000, 2000, 200]))
+    written = {k: v for k, v in (("fmt", "json"), ("compress", True), ("prefix", "dump-")) if rng.random() < 0.25}
+    damage = rng.choice([None, None, ("delete", 1), ("delete", 2), ("truncate", 1), ("truncate", 2)])
+    return dict(index=index, job=job_args, fault=fault, written=written,
+                hosts=rng.choice(["folders", "folders", "csv", "per_host"]),
+                damage=damage if world > 4 else None)
+
+
+def _group_peers(job: synth.Job, rank: int) -> list[int]:
+    d, p, t = job.coords(rank)
+    return ([job.rank_of(x, p, t) for x in range(job.dp)] + [job.rank_of(d, x, t) for x in range(job.pp)]
+            + [job.rank_of(d, p, x) for x in range(job.tp)])
+
+
+def run(case: dict, workdir: str) -> dict:
+    """Generate, damage, analyse and score one job; the job's files are removed after."""
+    out = Path(workdir) / f"job{case['index']}"
+    try:
+        job = synth.Job(**case["job"], fault=synth.Fault(**{**case["fault"], "hosts": tuple(case["fault"]["hosts"])}))
+        truth = synth.generate(job, out, per_host_folders=case["hosts"] == "folders", **case["written"])
+        damaged = _damage(out, job, truth, case)
+        options = {}
+        if case["hosts"] == "csv":
+            hosts_csv = out.parent / f"{out.name}_hosts.csv"
+            hosts_csv.write_text("rank,host\n" + "".join(f"{r},{job.host_of(r)}\n" for r in range(job.world_size)))
+            options["hosts_file"] = hosts_csv
+        elif case["hosts"] == "per_host":
+            options["ranks_per_host"] = job.ranks_per_host
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            report = analyze(out, use_cache=False, **options)
+        result, why = score(case["fault"]["kind"], truth, report, damaged)
+        return dict(case, result=result, why=why, summary=report.summary[:300], damaged=damaged,
+                    seconds=round(time.perf_counter() - start, 2))
+    except Exception as exc:  # noqa: BLE001 - a sweep reports every failure and goes on
+        return dict(case, result="ERROR", why=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-2000:])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _damage(out: Path, job: synth.Job, truth: dict, case: dict) -> list[int]:
+    """Delete or cut short the dumps of one or two innocent ranks (off the fault's hosts where there are others)."""
+    if not case["damage"]:
+        return []
+    how, count = case["damage"]
+    rng = random.Random(case["index"])
+    innocent = [r for r in range(job.world_size) if r not in truth["ranks"] and r not in truth["missing_ranks"]]
+    named_hosts = set(truth["hosts"]) | {h for link in truth["links"] for h in link} | set(case["fault"]["hosts"])
+    innocent = [r for r in innocent if job.host_of(r) not in named_hosts] or innocent
+    files = {int(re.search(r"(\d+)(\.json)?(\.gz)?$", p.name).group(1)): p for p in out.rglob("*") if p.is_file()}
+    chosen = rng.sample(innocent, min(count, len(innocent)))
+    for r in chosen:
+        if how == "delete":
+            files[r].unlink()
+        else:
+            data = files[r].read_bytes()
+            files[r].write_bytes(data[: int(len(data) * rng.uniform(0.5, 0.95))])
+    return chosen
+
+
+def score(kind: str, truth: dict, report, damaged: list[int]) -> tuple[str, str]:
+    """(result, why) against the generator's truth; host names compared by their number (the hosts file and
+    --ranks-per-host name them differently)."""
+    def numbers(hosts):
+        return sorted(int(re.search(r"(\d+)$", h).group(1)) for h in hosts)
+
+    named = report.culprits
+    ranks, links = named["ranks"], sorted(numbers(link) for link in named["links"])
+    true_links = sorted(numbers(link) for link in truth["links"])
+    if kind in HANGS:
+        if report.verdict == "healthy":
+            return "WRONG", "called healthy"
+        if report.verdict == "inconclusive":
+            return "inconclusive", ""
+        if ranks == truth["ranks"] and links == true_links:
+            return "right", ""
+        extra = set(ranks) - set(truth["ranks"])
+        if set(truth["ranks"]) <= set(ranks) and extra <= set(damaged) and links == true_links:
+            return "right+damaged", ""
+        return "WRONG", f"named ranks {ranks}, links {links}"
+    wrong_roots = [f for f in report.root_causes if not set(f.ranks) <= set(damaged) or f.links]
+    if wrong_roots:
+        return "WRONG", f"root causes {[(f.kind, f.ranks, f.links) for f in wrong_roots]}"
+    stragglers = [(f.ranks, numbers(f.hosts)) for f in report.findings if f.kind == "straggler"]
+    slow = [sorted(numbers(link) for link in f.links) for f in report.findings if f.kind == "slow_link"]
+    if kind == "clock_offset":
+        return ("right", "") if not stragglers and not slow else ("WRONG", f"named {stragglers} {slow}")
+    if kind == "slow_link":
+        if slow == [true_links] and not stragglers:
+            return "right", ""
+        if not slow and not stragglers:
+            return "missed", ""
+        if any(true_links[0] in s for s in slow) or (slow and not any(slow) and not stragglers):
+            return ("partial", "") if any(slow) else ("ambiguous", "not narrowed to one host pair")
+        return "WRONG", f"named {stragglers} {slow}"
+    want = (truth["ranks"], numbers(truth["hosts"]))
+    found = [s if kind == "straggler" else s[1] for s in stragglers]
+    target = want if kind == "straggler" else want[1]
+    if found == [target] and not slow:
+        return "right", ""
+    if not stragglers and not slow:
+        return "missed", ""
+    return ("partial", "") if target in found else ("WRONG", f"named {stragglers} {slow}")
+
+
+def table(rows: list[dict], key) -> str:
+    counts = collections.defaultdict(collections.Counter)
+    for row in rows:
+        counts[key(row)][row["result"]] += 1
+    lines = ["| | " + " | ".join(RESULTS) + " | jobs |", "|---" * (len(RESULTS) + 2) + "|"]
+    for name in sorted(counts):
+        c = counts[name]
+        lines.append(f"| {name} | " + " | ".join(str(c[r]) for r in RESULTS) + f" | {sum(c.values())} |")
+    total = collections.Counter(row["result"] for row in rows)
+    lines.append("| **all** | " + " | ".join(f"**{total[r]}**" for r in RESULTS) + f" | **{len(rows)}** |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default=None, help="write every job's description and result here (JSON lines)")
+    args = ap.parse_args(argv)
+    cases = [draw(args.seed, i) for i in range(args.jobs)]
+    with tempfile.TemporaryDirectory(prefix="flightrec-sweep-") as workdir, \
+            ProcessPoolExecutor(args.workers) as pool:
+        rows = list(pool.map(run, cases, [workdir] * len(cases)))
+    if args.out:
+        Path(args.out).write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
+    print(table(rows, lambda row: row["fault"]["kind"]))
+    print()
+    print(table(rows, lambda row: "no damage" if not row["damage"] else f"{row['damage'][0]} {row['damage'][1]}"))
+    for row in rows:
+        if row["result"] in ("WRONG", "ERROR"):
+            print(f"{row['result']} job {row['index']}: {row['fault']['kind']}, damage {row['damage']}: {row['why']}")
+
+
+if __name__ == "__main__":
+    main()
