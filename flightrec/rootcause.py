@@ -289,7 +289,8 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     # while how far the missing one got is unknown (a warning names it, `_warning_findings`). A bystander's
     # lost dump took the blame for a dead link.
     provable = [r for r in roots if r in ctx.has_dump]
-    holding = provable + sorted(stuck | _beside_stuck(ctx, stuck_at or {}))
+    # (and ranks a root cause found above explains, a mismatch's or a deadlock's: their waiters wait on them)
+    holding = provable + sorted(stuck | _beside_stuck(ctx, stuck_at or {}) | explained)
     if holding and missing:
         covered = set(ctx.w.waiters_of(holding)) | set(holding)
         missing = [r for r in missing if not set(ctx.w.waiters_of([r])) <= covered]
