@@ -284,28 +284,33 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     # tied to a group, but its rank list still tells the world size.
     rank_lists = raw["rank_lists"]
     unnamed = pg_config.filter(pl.col("pg_name") == "").select("ranks_key").unique().join(rank_lists, on="ranks_key")
-    unnamed_sizes = [len(r) for r in _parse_rank_lists(unnamed["ranks_text"].to_list()) if r]
+    unnamed_lists = [r for r in _parse_rank_lists(unnamed["ranks_text"].to_list()) if r]
     groups, memberships = _groups_from_config(pg_config.filter(pl.col("pg_name") != ""), rank_lists)
 
-    declared_world = max([*unnamed_sizes, *([groups["size"].max()] if groups.height else [])], default=None)
+    # What the dumps prove: every rank a group names exists. What they declare: the world is the default group
+    # (Gloo's unnamed config), when it is there; the largest subgroup is not.
+    listed = max([*(max(r) + 1 for r in unnamed_lists),
+                  *([int(groups["ranks"].list.max().max()) + 1] if groups.height else [])], default=0)
+    declared_world = max([*map(len, unnamed_lists),
+                          *groups.filter(pl.col("pg_desc") == "default_pg")["size"].to_list()], default=None)
     # A file the readers refused names a rank only by its file name: where the dumps declare the world, one
     # named past it (junk beside the dumps, another job's file) is no rank of this job, and would make
     # every rank it adds look missing.
     named = dumps.filter(pl.col("loaded")) if declared_world and "loaded" in dumps.columns else dumps
     max_rank = named["rank"].max() if named.height else -1
     max_rank = -1 if max_rank is None else max_rank
+    proven = max(listed, int(max_rank) + 1)
     if world_size is None:
-        world_size = max(int(declared_world or 0), int(max_rank) + 1)
-    elif max(int(declared_world or 0), int(max_rank) + 1) > world_size:
+        world_size = proven
+    elif proven > world_size:
         # (the dumps prove more ranks: analysed as given, their ranks past it read as "3 of 2 loaded" and their
         # collectives as missing members. To look at part of a job, select its groups instead: --pg)
-        proven = max(int(declared_world or 0), int(max_rank) + 1)
-        warnings.warn(f"world size {world_size} was given, but the dumps hold rank {max_rank} and groups of up "
-                      f"to {declared_world or '?'} ranks: using {proven}; check --world-size", stacklevel=2)
+        warnings.warn(f"world size {world_size} was given, but the dumps hold rank {max_rank} and groups naming "
+                      f"ranks up to {listed - 1}: using {proven}; check --world-size", stacklevel=2)
         world_size = proven
     elif declared_world and world_size > declared_world:
         # (kept as given too: the ranks past the declared world then read as missing dumps)
-        warnings.warn(f"world size {world_size} was given, but the dumps' groups declare a world of "
+        warnings.warn(f"world size {world_size} was given, but the dumps' default group declares a world of "
                       f"{declared_world} ranks: {'rank' if world_size - declared_world == 1 else 'ranks'} "
                       f"{format_ranks(range(declared_world, world_size))} will read as missing; "
                       "check --world-size", stacklevel=2)

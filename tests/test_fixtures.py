@@ -197,7 +197,7 @@ def test_a_junk_file_named_past_the_declared_world_adds_no_ranks(tmp_path):
 def test_a_world_size_larger_than_the_dumps_declare_is_warned_about_and_blames_no_shape(case):
     """--world-size 5 on four Gloo ranks: every all_gather's output is 4x its input, which broke the op's rule
     for a group of 5 on every member ("ranks 0-3 used shape ... where the other 0 members ...")."""
-    with pytest.warns(UserWarning, match="declare a world of 4 ranks: rank 4 will read as missing"):
+    with pytest.warns(UserWarning, match="declares a world of 4 ranks: rank 4 will read as missing"):
         report = analyze(FIXTURES / case, world_size=5, use_cache=False)
     assert not [f for f in report.findings if f.kind == "mismatch"]
 

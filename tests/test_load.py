@@ -302,3 +302,24 @@ def test_the_api_names_the_options_it_knows_when_given_one_it_does_not():
 
     with pytest.raises(FlightrecError, match="unknown option hosts; known: .*hosts_file"):
         analyze(FIXTURES / "skip_collective", hosts="hosts.csv")
+
+
+def test_without_the_default_groups_config_a_refused_top_rank_still_counts(make_job):
+    """No dump lists the default group (only tp/pp/dp subgroups of 2), and rank 7's file is junk. The largest
+    subgroup (2) was taken for a declared world: the refused rank 7 dropped out, 'HEALTHY: all 7 ranks agree',
+    and a right --world-size 8 was warned about (diff review helper). The tp group [6, 7] names rank 7."""
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2))
+    for path in out.iterdir():
+        dump = loads_plain_pickle(path.read_bytes())
+        dump["pg_config"] = {k: v for k, v in dump["pg_config"].items() if v.get("desc") != "default_pg"}
+        path.write_bytes(pickle.dumps(dump))
+    (out / "nccl_trace_rank_7").write_bytes(b"\x80\x04junk")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        report = analyze(out, use_cache=False, world_size=8)
+    assert report.trace.world_size == 8 and report.dumps.missing_ranks == [7], report.to_text()
+    assert report.verdict != "healthy"
+    assert not [w for w in said if "declares a world" in str(w.message)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert analyze(out, use_cache=False).trace.world_size == 8
