@@ -30,7 +30,7 @@ DUMP_LAYOUT = 5
 
 FAULT_KINDS = (
     "none", "not_joined", "missing_dump", "host_down", "size_mismatch", "type_mismatch", "dtype_mismatch",
-    "deadlock", "dead_link", "wrong_peer", "straggler", "straggler_host", "slow_link", "clock_offset",
+    "deadlock", "dead_link", "nic_down", "wrong_peer", "straggler", "straggler_host", "slow_link", "clock_offset",
     "late_arrival",
 )
 
@@ -44,7 +44,7 @@ class Fault:
     rank: int = 0
     step: int = -1                 # -1: the last step
     phase: str = "tp"
-    hosts: tuple[str, ...] = ()    # dead_link / slow_link: two hosts; straggler_host / host_down: one
+    hosts: tuple[str, ...] = ()    # dead_link / slow_link: two hosts; straggler_host / host_down / nic_down: one
     delay_ms: float = 150.0        # straggler lateness per collective; slow_link extra duration; late_arrival: how
                                    # late the rank joins the faulty collective (past the 600 s timeout to matter)
     offset_ms: float = 0.0         # clock_offset: how far the host's clock is off
@@ -290,6 +290,17 @@ class _Sim:
                     if o.step >= op.step and any(m in rb for m in self._partners(o)):
                         self.never_complete.update(o.keys)
             self.truth.update(ranks=[], hosts=[], links=[sorted((a, b))])
+            for k in ("op", "pg_desc", "pg_name", "collective_seq_id"):
+                self.truth.pop(k, None)
+        elif f.kind == "nic_down":
+            # the host's network dies: from the fault's step every op its ranks share with another host hangs,
+            # while the work inside the host goes on
+            (x,) = f.hosts
+            for r in self._host_ranks(x):
+                for o in self.ops[r]:
+                    if o.step >= op.step and any(job.host_of(m) != x for m in self._partners(o)):
+                        self.never_complete.update(o.keys)
+            self.truth.update(ranks=[], hosts=[x], links=[])
             for k in ("op", "pg_desc", "pg_name", "collective_seq_id"):
                 self.truth.pop(k, None)
         elif f.kind == "wrong_peer":

@@ -487,3 +487,17 @@ def test_a_rank_stopped_before_its_pipeline_send_says_where_else_it_is_waited_on
     root = report.root_causes[0]
     assert root.ranks == truth["ranks"] == [5]
     assert f"send/recv in group {truth['pg_name']} (desc 'pp')" in root.evidence["also_waited_on_in"]
+
+
+@pytest.mark.parametrize("tp, pp, dp, per_host, phase", [(8, 1, 4, 8, "dp"), (4, 2, 2, 4, "dp"), (4, 2, 4, 2, "tp")])
+def test_a_hosts_network_dying_implicates_that_host_and_no_other(make_job, tp, pp, dp, per_host, phase):
+    """nic_down: every op node00001's ranks share with another host hangs. The first hangs seen are often its
+    links to one neighbour, and a link is then as far as the dumps go: it must have node00001 at one end
+    (or the verdict stay inconclusive), never point at a host or link without it."""
+    job = synth.Job(tp=tp, pp=pp, dp=dp, ranks_per_host=per_host,
+                    fault=synth.Fault(kind="nic_down", rank=per_host, phase=phase, hosts=("node00001",)))
+    report, truth = run(make_job, job, per_host_folders=True)
+    assert truth["hosts"] == ["node00001"] and report.verdict in ("fault", "inconclusive"), report.summary
+    named = report.culprits
+    assert all("node00001" in link for link in named["links"]) and set(named["hosts"]) <= {"node00001"}
+    assert not named["ranks"] or {job.host_of(r) for r in named["ranks"]} == {"node00001"}
