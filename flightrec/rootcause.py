@@ -500,7 +500,9 @@ def _stuck_findings(ctx: _Context, loc: Location | None, explained: set[int]) ->
         a, b = loc.links[0]
         healthy = (f" and none of the {loc.healthy_groups:,} groups that kept completing does"
                    if loc.healthy_groups else "")
-        msg = f"link {a} <-> {b}: {what} {stuck}; every stuck {each} spans both hosts{healthy}"
+        # (a hung GPU or a dead NIC at either end stops the same collectives: the dumps can't tell them apart)
+        msg = (f"link {a} <-> {b}: {what} {stuck}; every stuck {each} spans both hosts{healthy} (or a GPU or NIC "
+               "at either end)")
         return [Finding(kind="stuck_in_flight", role="root_cause", message=msg, links=loc.links, evidence=evidence)]
     if loc.hosts:
         ranks = [r for r in loc.stuck_ranks if ctx.topo.host_of.get(r) in loc.hosts]

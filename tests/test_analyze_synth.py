@@ -194,7 +194,7 @@ def test_a_dead_link_under_the_pipeline_names_the_stuck_pairs(make_job):
     assert report.summary == (
         "FAULT: link node00000 <-> node00001: 2 pipeline send/recvs (ranks 0 -> 2 in group 5 (desc 'pp'), ranks 1 -> 3 "
         "in group 6 (desc 'pp')) are in flight at both ends and completed at neither; every stuck pair spans both "
-        "hosts")
+        "hosts (or a GPU or NIC at either end)")
 
 
 def test_dead_link_inside_groups_that_span_every_host_is_inconclusive(make_job):
