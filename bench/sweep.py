@@ -5,7 +5,7 @@ short, analysed and scored against the generator's ground truth.
 
 Each job draws a 3D layout (tp 1-8, pp 1-4, dp 2-8, up to 128 ranks; 1-8 ranks a host), a fault (hangs:
 host_down, dead_link, nic_down, not_joined, type/dtype/size mismatch; timing: straggler, straggler_host, slow_link,
-clock_offset), dump variants (recorder 2.4-2.10, timing on or off, JSON, gzip, file prefixes, hosts from
+clock_offset), dump variants (NCCL or Gloo, recorder 2.4-2.10, timing on or off, JSON, gzip, file prefixes, hosts from
 per-host folders, a CSV or ranks per host) and damage (none, or one or two innocent ranks' dumps deleted or
 cut to 50-95% of their bytes). A job is the same for a seed and index, whatever the code under test.
 
@@ -69,6 +69,8 @@ def draw(seed: int, index: int) -> dict:
     job_args = dict(tp=tp, pp=pp, dp=dp, steps=rng.choice([3, 4, 6]), ranks_per_host=per_host,
                     microbatches=rng.choice([1, 2, 4]), version=rng.choice(["2.10", "2.10", "2.9", "2.7", "2.4"]),
                     timing=rng.random() < 0.7, seed=rng.randrange(10**6), buffer_size=rng.choice([2000, 2000, 200]))
+    if rng.random() < 0.25:   # (Gloo's recorder: no timing, no sends and receives, no group config)
+        job_args.update(backend="gloo", timing=False)
     written = {k: v for k, v in (("fmt", "json"), ("compress", True), ("prefix", "dump-")) if rng.random() < 0.25}
     damage = rng.choice([None, None, ("delete", 1), ("delete", 2), ("truncate", 1), ("truncate", 2)])
     return dict(index=index, job=job_args, fault=fault, written=written,

@@ -44,6 +44,7 @@ class _Context:
         self.has_dump = loaded - self.damaged
         # the groups matched (all, or those `--pg` selected)
         self.analysed_groups = set(m.progress["group"].cast(pl.String).unique().to_list())
+        self.unrecorded_waits = _in_unrecorded_ops(trace, m)
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -261,6 +262,18 @@ def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
     return preceded.join(left, on="dst", how="semi")
 
 
+def _in_unrecorded_ops(trace: Trace, m: Matching) -> set[int]:
+    """Ranks whose recorder keeps no completion states (Gloo) and whose pg_status shows an op enqueued and not
+    finished under a local pg id none of their entries carries: Gloo records no send or receive, yet counts
+    them, so such a rank is waiting in a pipeline transfer, not stopped where its last entry is."""
+    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
+    if gloo.height == 0 or trace.pg_status.height == 0:
+        return set()
+    recorded = trace.entries.select("rank", "pg_id").unique()
+    return set(trace.pg_status.filter(pl.col("last_enqueued") > pl.col("last_completed"))
+               .join(gloo, on="rank", how="semi").join(recorded, on=["rank", "pg_id"], how="anti")["rank"].to_list())
+
+
 def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
     """Ranks waiting on a missing member in a collective in flight on every member with a dump, where a group of
     the same kind is stuck in flight at the same seq with every dump there (`stuck_at`: group -> seq): the hang
@@ -280,7 +293,8 @@ def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
 def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
                    stuck_at: dict[str, int] | None = None) -> list[Finding]:
     """Roots of the wait graph: ranks that others wait for and that wait for nobody."""
-    roots = [r for r in ctx.w.roots if r not in explained and r not in stuck]
+    # (a rank waiting in a send or receive its recorder didn't record only looks stopped: `_in_unrecorded_ops`)
+    roots = [r for r in ctx.w.roots if r not in explained and r not in stuck and r not in ctx.unrecorded_waits]
     edges = ctx.w.edges.filter(pl.col("dst").is_in([f"r:{r}" for r in roots]))
     # A missing dump whose waiters are all stuck in a mismatched collective is explained by the mismatch.
     missing = [r for r in roots if r not in ctx.has_dump and not set(ctx.w.waiters_of([r])) <= explained]
@@ -638,6 +652,13 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     culprits = {r for f in findings for r in f.ranks}
     # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
     symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)
+    unrecorded = sorted(ctx.unrecorded_waits - culprits - explained)
+    if unrecorded:
+        symptoms.append(Finding(
+            kind="waiting", role="symptom", ranks=unrecorded, hosts=ctx.topo.hosts(unrecorded),
+            message=(f"{ctx.ranks_label(unrecorded)} wait{'s' if len(unrecorded) == 1 else ''} in a send or receive "
+                     "their recorder does not record (Gloo: only pg_status counts it), not where their last entry is"),
+            evidence={"ranks": unrecorded}))
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
     findings += symptoms + warnings

@@ -62,6 +62,7 @@ class Job:
     ranks_per_host: int = 8
     version: str = "2.10"
     timing: bool = True            # TORCH_NCCL_ENABLE_TIMING: 'started' states and duration_ms
+    backend: str = "nccl"          # "gloo": what ProcessGroupGloo's recorder writes (`_as_gloo`)
     with_stacks: bool = True
     fault: Fault = field(default_factory=Fault)
     seed: int = 0
@@ -537,6 +538,8 @@ def _writer_layout(entry: dict) -> dict:
 
 
 def build_dump(job: Job, rank: int, entries: list[dict], by_rank: dict[int, dict[str, _Group]]) -> dict:
+    if job.backend == "gloo":
+        return _as_gloo(job, entries, by_rank[rank])
     minor = _version_minor(job.version)
     kept = entries[-job.buffer_size:] if job.buffer_size else []
     groups = list(by_rank[rank].values())
@@ -560,6 +563,36 @@ def build_dump(job: Job, rank: int, entries: list[dict], by_rank: dict[int, dict
     elif minor >= 7:
         dump["nccl_version"] = "2.21.5"
     return dump
+
+
+def _as_gloo(job: Job, entries: list[dict], groups: dict[str, _Group]) -> dict:
+    """The same run as ProcessGroupGloo's recorder writes it (as the real dumps in fixtures/ show): sends and
+    receives not recorded at all, every entry 'scheduled' with no start or completion time (`retired` says it
+    left the work queue), 'gloo:' profiling names, one unnamed pg_config entry with the world's ranks, and
+    pg_status counters that count the sends and receives too (a pipeline group: its transfers)."""
+    recorded = [e for e in entries if not e["is_p2p"] and not e["p2p_seq_id"]]   # (no batch closers either)
+    out = []
+    for record_id, e in enumerate(recorded):
+        g = {k: v for k, v in e.items() if k != "duration_ms"}
+        g.update(record_id=record_id, profiling_name=e["profiling_name"].replace("nccl:", "gloo:", 1),
+                 state="scheduled", time_discovered_started_ns=None, time_discovered_completed_ns=None,
+                 retired=e["state"] == "completed")
+        out.append(g)
+    status = {}
+    for i, grp in enumerate(groups.values()):
+        mine = [e for e in entries if e["process_group"][0] == grp.name]
+        if any(e["is_p2p"] for e in mine):
+            # (a batch of transfers finished when its closer did: the entry after it, same p2p_seq_id)
+            done = {e["p2p_seq_id"] for e in mine if not e["is_p2p"] and e["state"] == "completed"}
+            seqs = {e["p2p_seq_id"] for e in mine}
+        else:
+            done = {e["collective_seq_id"] for e in mine if e["state"] == "completed"}
+            seqs = {e["collective_seq_id"] for e in mine}
+        status[str(i)] = {"last_enqueued_collective": max(seqs, default=-1), "last_started_collective": -1,
+                          "last_completed_collective": max(done, default=-1)}
+    return {"version": job.version, "comm_lib_version": "",
+            "pg_config": {"": {"name": "", "desc": "", "ranks": str(list(range(job.world_size)))}},
+            "pg_status": status, "entries": out[-job.buffer_size:] if job.buffer_size else []}
 
 
 def to_json_dump(dump: dict) -> str:

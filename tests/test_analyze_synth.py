@@ -501,3 +501,34 @@ def test_a_hosts_network_dying_implicates_that_host_and_no_other(make_job, tp, p
     named = report.culprits
     assert all("node00001" in link for link in named["links"]) and set(named["hosts"]) <= {"node00001"}
     assert not named["ranks"] or {job.host_of(r) for r in named["ranks"]} == {"node00001"}
+
+
+def test_gloo_mode_writes_what_the_real_gloo_dumps_hold(make_job):
+    """The generator's Gloo dumps against fixtures/healthy (a real one): one unnamed pg_config with the world's
+    ranks, 'gloo:' names, every entry 'scheduled' with no start or completion time, no send or receive."""
+    from flightrec.readers import loads_plain_pickle
+
+    from .conftest import FIXTURES
+
+    real = loads_plain_pickle((FIXTURES / "healthy" / "nccl_trace_rank_0").read_bytes())
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, backend="gloo", timing=False))
+    made = loads_plain_pickle((out / "nccl_trace_rank_0").read_bytes())
+    assert list(made["pg_config"]) == list(real["pg_config"]) == [""]
+    assert made["pg_config"][""]["ranks"] == str(list(range(8)))
+    for dump in (real, made):
+        entries = dump["entries"]
+        assert {e["state"] for e in entries} == {"scheduled"} and not any(e["is_p2p"] for e in entries)
+        assert all(e["profiling_name"].startswith("gloo:") for e in entries)
+        assert all(e["time_discovered_completed_ns"] is None for e in entries)
+        assert set(real["entries"][0]) - {"frames"} <= set(entries[0])
+
+
+def test_gloo_pipeline_ranks_waiting_in_unrecorded_transfers_are_not_named(make_job):
+    """Gloo records no send or receive: rank 5 stops, and the next stage's ranks 6 and 7, blocked in a receive
+    from it, looked stopped at their last entry and were named too. Their pg_status counts the receive."""
+    job = synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, backend="gloo", timing=False,
+                    fault=synth.Fault(kind="not_joined", rank=5))
+    report, truth = run(make_job, job, per_host_folders=True)
+    assert report.culprits["ranks"] == truth["ranks"] == [5], report.summary
+    unrecorded = [f for f in report.findings if f.role == "symptom" and "does not record" in f.message]
+    assert unrecorded and unrecorded[0].ranks == [6, 7]
