@@ -267,11 +267,14 @@ def _in_unrecorded_ops(trace: Trace, m: Matching) -> set[int]:
     finished under a local pg id none of their entries carries: Gloo records no send or receive, yet counts
     them, so such a rank is waiting in a pipeline transfer, not stopped where its last entry is."""
     gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
-    if gloo.height == 0 or trace.pg_status.height == 0:
+    pending = (trace.pg_status.filter(pl.col("last_enqueued") > pl.col("last_completed"))
+               .join(gloo, on="rank", how="semi").select("rank", "pg_id"))
+    if pending.height == 0:
         return set()
-    recorded = trace.entries.select("rank", "pg_id").unique()
-    return set(trace.pg_status.filter(pl.col("last_enqueued") > pl.col("last_completed"))
-               .join(gloo, on="rank", how="semi").join(recorded, on=["rank", "pg_id"], how="anti")["rank"].to_list())
+    # (the entries streamed past the few pending keys: no distinct (rank, pg_id) of every entry)
+    recorded = (trace.entries.lazy().select("rank", "pg_id").join(pending.lazy(), on=["rank", "pg_id"], how="semi")
+                .unique().collect())
+    return set(pending.join(recorded, on=["rank", "pg_id"], how="anti")["rank"].to_list())
 
 
 def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
@@ -324,7 +327,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
     edges = edges.join(_preceded(ctx, edges), on=["dst", "group", "seq"], how="anti")
     by_instance: dict[tuple[str, int | None, str], list[int]] = defaultdict(list)  # (group, seq, edge kind)
-    also: dict[int, list[str]] = {}
+    mine_of: dict[int, pl.DataFrame] = {}
     for r in roots:
         if r in missing:
             continue
@@ -333,9 +336,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
             continue
         first = mine.row(0, named=True)
         by_instance[(first["group"], first["seq"] if first["kind"] != "p2p" else None, first["kind"])].append(r)
-        # where else others wait on it: a rank stopped before its pipeline send is also what its tp peers wait
-        # for at their next collective, and the headline can name only one
-        also[r] = _other_waits(ctx, mine.slice(1), first)
+        mine_of[r] = mine
     for (group, seq, kind), ranks in sorted(by_instance.items(), key=lambda kv: kv[1][0]):
         g = ctx.groups.get(group)
         waiting = ctx.w.waiters_of(ranks)
@@ -350,7 +351,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
             kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
             evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing),
-                      **({"also_waited_on_in": also[ranks[0]]} if also.get(ranks[0]) else {}),
+                      **({"also_waited_on_in": also} if (also := _other_waits(ctx, mine_of[ranks[0]])) else {}),
                       **_counted_only(ctx, ranks, group)},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
@@ -358,11 +359,14 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     return out + _missing_findings(ctx, missing, edges)
 
 
-def _other_waits(ctx: _Context, edges: pl.DataFrame, first: dict) -> list[str]:
-    """The other places a root is waited on (its wait edges after the one named), one label each: 'send/recv
-    in group 10 (desc 'pp')', 'all_reduce #3 in group 18 (desc 'dp')'."""
+def _other_waits(ctx: _Context, mine: pl.DataFrame) -> list[str]:
+    """Where else others wait on a root (its wait edges, in order, after the first: the one its headline names),
+    one label each: 'send/recv in group 10 (desc 'pp')', 'all_reduce #3 in group 18 (desc 'dp')'. A rank stopped
+    before its pipeline send is also what its tp peers wait for at their next collective. (Per finding, not per
+    root: reading an op can scan the units.)"""
+    first = mine.row(0, named=True)
     out = []
-    for group, seq, kind in edges.select("group", "seq", "kind").unique(maintain_order=True).iter_rows():
+    for group, seq, kind in mine.slice(1).select("group", "seq", "kind").unique(maintain_order=True).iter_rows():
         if (group, kind) == (first["group"], first["kind"]):
             continue
         g = ctx.groups.get(group)
