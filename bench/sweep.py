@@ -11,7 +11,8 @@ cut to 50-95% of their bytes). A job is the same for a seed and index, whatever 
 
 Results, per job: right; right+damaged (the culprit named, and a damaged innocent rank as a second root
 cause); inconclusive (a hang the dumps can't narrow: e.g. a dead link under groups spanning 3+ hosts);
-ambiguous (a slow link found, not narrowed to one host pair); partial (the straggler named with others; for
+ambiguous (a slow link found, not narrowed to one host pair; a mismatch in a group of two, said to be
+ambiguous, with the culprit among those named); partial (the straggler named with others; for
 nic_down, a link of the host);
 missed (a timing fault not seen); WRONG (a wrong culprit, a fault called healthy, a healthy job called
 faulty); ERROR (an exception: a bug). Prints the table by fault kind and by damage.
@@ -154,6 +155,8 @@ def score(kind: str, truth: dict, report, damaged: list[int]) -> tuple[str, str]
             return "WRONG", f"named hosts {named['hosts']}, links {links}"
         if ranks == truth["ranks"] and links == true_links:
             return "right", ""
+        if any(f.evidence.get("ambiguous") for f in report.root_causes) and set(truth["ranks"]) <= set(ranks):
+            return "ambiguous", "a mismatch no side of which can be blamed (a group of two)"
         extra = set(ranks) - set(truth["ranks"])
         if set(truth["ranks"]) <= set(ranks) and extra <= set(damaged) and links == true_links:
             return "right+damaged", ""

@@ -90,24 +90,19 @@ def locate(m: Matching, topo: Topology, exclude: frozenset[int] | set[int] = fro
     )
     healthy_sets = [set(h) for h in healthy["host"].to_list()]
 
-    cleared_hosts = {h for s in healthy_sets for h in s}
-    host_suspects = [h for h in common if h not in cleared_hosts]
     link_suspects = [
         [a, b] for a, b in combinations(common, 2)
         if not any(a in s and b in s for s in healthy_sets)
     ]
-    # One host left uncleared names it only where two stuck groups or more narrowed the candidates: with one,
-    # every host in it is stuck alike, and which of them completed something in another group since (and so
-    # is cleared) is chance; a dead link between two cleared hosts explains it as well (a bystander host was
-    # named at 256 ranks). A host cleared by healthy groups can still hold one end of a dead link, too.
-    links_between_cleared = [pair for pair in link_suspects if not set(pair) & set(host_suspects)]
-    narrowed = len(host_sets) >= 2 and not links_between_cleared
+    # One host left uncleared is not named: a group that kept completing clears its hosts, but not the links
+    # between them (a ring or tree uses a few of its host pairs, not all), so a dead link between two cleared
+    # hosts explains the stuck groups as well as the one host left (bystander hosts were named for dead links
+    # at 16 and 256 ranks, the real link's two ends both in a group that completed). One host is named where
+    # the stuck groups share only it.
     if len(common) == 1:
         found_hosts, found_links = list(common), []
     elif len(common) == 2 or len(link_suspects) == 1:
         found_hosts, found_links = [], ([common] if len(common) == 2 else link_suspects)
-    elif len(host_suspects) == 1 and narrowed:
-        found_hosts, found_links = host_suspects, []
     else:
         found_hosts, found_links = [], []
     return Location(sorted(seqs), len(healthy_sets), found_hosts, found_links, common, stuck_ranks, seqs)

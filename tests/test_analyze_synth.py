@@ -468,6 +468,17 @@ def test_a_bystanders_lost_dump_takes_no_blame_for_a_dead_link(make_job, rank, k
     assert "in flight on every member" in report.summary
 
 
+def test_a_dead_link_whose_ends_both_completed_elsewhere_names_no_bystander_host(make_job):
+    """16 ranks, dp 8 across 8 hosts: the link node00001 <-> node00004 dies under two dp groups. One group that
+    kept completing holds 7 of the hosts, both ends of the link among them (its ring doesn't use that pair),
+    and host node00005, the one left out, was named (sweep). A group clears its hosts, not their links."""
+    job = synth.Job(tp=1, pp=2, dp=8, steps=6, ranks_per_host=2, microbatches=4, timing=False, seed=250180,
+                    buffer_size=200, fault=synth.Fault(kind="dead_link", rank=9, step=2, phase="dp",
+                                                       hosts=("node00004", "node00001")))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert report.verdict == "inconclusive" and not report.root_causes, report.summary
+
+
 def test_a_dead_link_in_one_stuck_group_names_no_bystander_host(make_job):
     """256 ranks, tp 8 over four hosts of 2: the link node00088 <-> node00091 dies under a tp collective. One
     stuck group holds hosts 88-91, all stuck alike; 88, 90 and 91 happened to complete something elsewhere
