@@ -124,19 +124,19 @@ _NUMBERED = re.compile(r"^(?P<stem>.*?)(?P<num>\d+)$")
 
 
 def _block_size(host_of: dict[int, str]) -> int | None:
-    """The k for which every known host holds exactly the ranks of blocks [k*i, k*i+k): the usual layout."""
+    """The k for which every known host holds exactly the ranks of blocks [k*i, k*i+k): the usual layout.
+    Tried: the most ranks a host shows, then the widest span of them (a host's missing dumps leave holes: 7 of
+    8 ranks known read as blocks of 7 and matched nothing, and a whole host down was then named by rank)."""
     by_host: dict[str, list[int]] = {}
     for r, h in host_of.items():
         by_host.setdefault(h, []).append(r)
-    k = max(len(v) for v in by_host.values())
-    for ranks in by_host.values():
-        if len({r // k for r in ranks}) != 1:
-            return None
-    blocks = {}
-    for r, h in host_of.items():
-        if blocks.setdefault(r // k, h) != h:
-            return None
-    return k
+    widest = max(max(v) - min(v) + 1 for v in by_host.values())
+    for k in dict.fromkeys((max(len(v) for v in by_host.values()), widest)):
+        if all(len({r // k for r in ranks}) == 1 for ranks in by_host.values()):
+            blocks: dict[int, str] = {}
+            if all(blocks.setdefault(r // k, h) == h for r, h in host_of.items()):
+                return k
+    return None
 
 
 def _fill_missing_hosts(host_of: dict[int, str], world_size: int) -> dict[int, str]:

@@ -323,3 +323,14 @@ def test_without_the_default_groups_config_a_refused_top_rank_still_counts(make_
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert analyze(out, use_cache=False).trace.world_size == 8
+
+
+def test_a_missing_host_is_named_when_every_known_host_has_a_hole_too():
+    """Hosts of 8 ranks: node00000 down (no dump), node00001 and node00002 each missing one dump. The most ranks
+    a host showed (7) was taken for the block size, matched nothing, and the whole host down was named rank by
+    rank with no host."""
+    from flightrec.topology import _fill_missing_hosts
+
+    known = {r: f"node{r // 8:05d}" for r in range(8, 24) if r not in (14, 17)}
+    filled = _fill_missing_hosts(known, 24)
+    assert [filled[r] for r in (0, 7, 14, 17)] == ["node00000", "node00000", "node00001", "node00002"]
