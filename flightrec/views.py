@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from .load import Trace, format_ranks
-from .match import Matching
+from .match import Matching, is_p2p_closer
 
 
 def text_table(df: pl.DataFrame, max_width: int = 48) -> str:
@@ -63,10 +63,11 @@ def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width
         raise FlightrecError("--around needs --pg: sequence ids are per process group")
     check_ranks(trace, ranks)
     groups = trace.select_groups(pg)
-    p2p = pl.col("is_p2p") | ((pl.col("op") == "coalesced") & (pl.col("collective_seq_id") == 0))
-    entries = (trace.entries.join(groups.select("group"), on="group", how="semi")
-               .with_columns(pl.when(p2p).then(pl.lit("p2p")).otherwise(pl.lit("")).alias("kind"),
-                             pl.when(p2p).then("p2p_seq_id").otherwise("collective_seq_id").alias("seq")))
+    # (the batch's closer by matching's own rule, read in the entries' (rank, record) order, before any filter)
+    p2p = pl.col("is_p2p") | is_p2p_closer()
+    entries = (trace.entries.with_columns(pl.when(p2p).then(pl.lit("p2p")).otherwise(pl.lit("")).alias("kind"),
+                                          pl.when(p2p).then("p2p_seq_id").otherwise("collective_seq_id").alias("seq"))
+               .join(groups.select("group"), on="group", how="semi"))
     if ranks:
         entries = entries.filter(pl.col("rank").is_in(ranks))
     near = entries.filter(pl.col("seq").is_between(seq - width, seq + width))
