@@ -33,45 +33,64 @@ def inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: i
 
 
 def place_rolled_out_members(groups: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame,
-                             without_entries: int) -> pl.DataFrame:
+                             without_entries: list[int]) -> pl.DataFrame:
     """`groups` with ranks added to inferred groups they used but no entry of theirs shows.
 
     A rank belongs to a group of kind D (pg_desc: "dp") when its pg_status has a local pg id its entries don't
     show, and that id is a D group on every rank whose entries show it (processes make their groups in the
-    same order). If it is in no D group the entries show, and exactly one D group is short of members
-    (smaller than the largest), with exactly as many places as there are such ranks and ranks without entries
-    (`without_entries`: they could be the missing members too), the ranks go there. Anything less certain is
-    left as it is, and so are groups of no kind (PyTorch's default desc "undefined" names none)."""
+    same order). The ranks `without_entries` (no dump, or an empty one) may be in any group. When exactly one
+    D group is short of members (smaller than the largest), and the ranks that may fill it (those of the first
+    kind in no D group the entries show, and those without entries in no D group) are exactly as many as its
+    places, they go there: every rank is in one group of a kind that covers the world, as tp, pp and dp do.
+    A kind whose short groups can't be filled so keeps them short, with `size` its largest group's when the
+    ranks without entries are enough to fill them: their collectives then read as members' dumps missing, not
+    as complete and stuck (in flight on a host whose other ranks were lost with their dumps). Groups of no kind
+    (PyTorch's default desc "undefined" names none) are left as they are."""
     inferred = groups.filter((pl.col("source") == "inferred")
                              & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
     places = (inferred.with_columns((pl.col("size").max().over("pg_desc") - pl.col("size")).alias("_places"))
               .filter(pl.col("_places") > 0))
     if places.height == 0:
         return groups
+    members = inferred.select("pg_desc", pl.col("ranks").alias("rank")).explode("rank")
+    kinds = places.select("pg_desc").unique()
+    # ranks without entries that no group of the kind holds: each may be the missing member of any of them
+    lost = (kinds.join(pl.DataFrame({"rank": without_entries}, schema={"rank": pl.Int64}), how="cross")
+            .join(members, on=["rank", "pg_desc"], how="anti"))
     # each rank's local pg ids, as its entries show them, and the kind of group each id is on every rank
     shown = (entries.lazy().select("rank", "pg_id", pl.col("pg_name").cast(pl.String)).drop_nulls().unique().collect()
              .join(inferred.select("pg_name", "pg_desc"), on="pg_name"))
     kind_of_id = (shown.group_by("pg_id").agg(pl.col("pg_desc").unique())
                   .filter(pl.col("pg_desc").list.len() == 1).select("pg_id", pl.col("pg_desc").list.first()))
-    members = inferred.select("pg_desc", pl.col("ranks").alias("rank")).explode("rank")
-    unplaced = (pg_status.filter(pl.col("pg_id") != 0).select("rank", "pg_id")
-                .join(shown.select("rank", "pg_id"), on=["rank", "pg_id"], how="anti")
-                .join(kind_of_id, on="pg_id")
-                .join(members, on=["rank", "pg_desc"], how="anti")
-                .select("pg_desc", "rank").unique())
-    if unplaced.height == 0:
-        return groups
+    rolled_out = (pg_status.filter(pl.col("pg_id") != 0).select("rank", "pg_id")
+                  .join(shown.select("rank", "pg_id"), on=["rank", "pg_id"], how="anti")
+                  .join(kind_of_id, on="pg_id")
+                  .join(members, on=["rank", "pg_desc"], how="anti")
+                  .select("pg_desc", "rank").unique())
+    fillers = (pl.concat([rolled_out, lost.select("pg_desc", "rank")]).unique()
+               .group_by("pg_desc").agg(pl.col("rank").sort().alias("_new")))
     fits = (places.group_by("pg_desc").agg(pl.len().alias("_short"), pl.col("group").first(),
-                                           pl.col("_places").first())
-            .join(unplaced.group_by("pg_desc").agg(pl.col("rank").sort().alias("_new")), on="pg_desc")
-            .filter((pl.col("_short") == 1)
-                    & (pl.col("_places") == pl.col("_new").list.len() + without_entries)))
-    if fits.height == 0:
+                                           pl.col("_places").first(), pl.col("_places").sum().alias("_shortfall"))
+            .join(fillers, on="pg_desc")
+            .with_columns(pl.col("_new").list.len().alias("_n")))
+    placed_here = fits.filter((pl.col("_short") == 1) & (pl.col("_places") == pl.col("_n")))
+    still_short = fits.filter(~pl.col("group").is_in(placed_here["group"].implode())
+                              & (pl.col("_shortfall") <= pl.col("_n")))
+    if placed_here.height == 0 and still_short.height == 0:
         return groups
-    placed = (groups.join(fits.select("group", "_new"), on="group", how="left")
-              .with_columns(pl.concat_list("ranks", pl.col("_new").fill_null(pl.lit([], pl.List(pl.Int64))))
-                            .list.sort().alias("ranks")))
-    return conform(_with_size(placed), GROUPS)
+    largest = inferred.group_by("pg_desc").agg(pl.col("size").max().alias("_largest"))
+    out = (groups.join(placed_here.select("group", "_new"), on="group", how="left")
+           .with_columns(pl.concat_list("ranks", pl.col("_new").fill_null(pl.lit([], pl.List(pl.Int64))))
+                         .list.sort().alias("ranks"))
+           .drop("_new"))
+    out = _with_size(out)
+    if still_short.height:
+        short = places.join(still_short.select("pg_desc"), on="pg_desc").select("group")
+        out = (out.join(largest, on="pg_desc", how="left")
+               .with_columns(pl.when(pl.col("group").is_in(short["group"].implode()))
+                             .then(pl.col("_largest")).otherwise(pl.col("size")).alias("size"))
+               .drop("_largest"))
+    return conform(out, GROUPS)
 
 
 def _with_size(groups: pl.DataFrame) -> pl.DataFrame:

@@ -315,8 +315,9 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
                       f"{format_ranks(range(declared_world, world_size))} will read as missing; "
                       "check --world-size", stacklevel=2)
     groups = pl.concat([groups, inferred_groups(entries, groups, world_size)]).sort("group")
-    with_entries = dumps.filter((pl.col("entry_count") > 0) & (pl.col("rank") < world_size))["rank"].n_unique()
-    groups = place_rolled_out_members(groups, entries, raw["pg_status"], without_entries=world_size - with_entries)
+    with_entries = set(dumps.filter(pl.col("entry_count") > 0)["rank"].to_list())
+    groups = place_rolled_out_members(groups, entries, raw["pg_status"],
+                                      without_entries=[r for r in range(world_size) if r not in with_entries])
 
     members = (groups.select("group", "ranks")
                .with_columns(pl.int_ranges(pl.col("ranks").list.len()).alias("local_rank"))

@@ -293,6 +293,36 @@ def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
             if (group, seq) in in_flight and group not in stuck_at and (kind.get(group), seq) in stuck_kinds}
 
 
+def _whole_hosts_missing(ctx: _Context) -> set[str]:
+    """Hosts of two ranks or more of which none left a readable dump."""
+    missing = set(ctx.trace.missing_ranks)
+    hosts = {ctx.topo.host_of.get(r) for r in missing} - {None}
+    return {h for h in hosts if len(on := ctx.topo.ranks_on(h)) > 1 and set(on) <= missing}
+
+
+def _beside_held(ctx: _Context) -> set[int]:
+    """Ranks waiting on a missing member at seq s of a group, where a group of the same kind waits at s only on
+    members that are held by something else themselves (they wait on someone, or in a send or receive Gloo
+    didn't record): the missing one, in the same place as those, may well be held the same way (the last
+    stage of a pipeline behind a dead NIC, its dumps lost for one replica)."""
+    edges = ctx.w.edges
+    behind = edges.filter((pl.col("kind") == "behind") & pl.col("src").str.starts_with("g:"))
+    if behind.height == 0:
+        return set()
+    held_ranks = [f"r:{r}" for r in set(ctx.w.waiting) | ctx.unrecorded_waits]
+    kind = {g: ref.desc for g, ref in ctx.groups.items()}
+    # (a group -> laggard edge carries the seq its peers wait in: the laggard's next)
+    held = (behind.group_by(pl.col("group").cast(pl.String), "seq")
+            .agg(pl.col("dst").is_in(held_ranks).all().alias("_held")).filter(pl.col("_held")))
+    held_at = {(kind.get(g), seq) for g, seq in held.select("group", "seq").iter_rows()}
+    if not held_at:
+        return set()
+    missing_waits = (edges.filter((pl.col("kind") == "missing") & pl.col("src").str.starts_with("r:"))
+                     .select(pl.col("src").str.slice(2).cast(pl.Int64), pl.col("group").cast(pl.String), "seq"))
+    return {rank for rank, group, seq in missing_waits.iter_rows()
+            if kind.get(group) not in (None, "", "default_pg") and (kind.get(group), seq) in held_at}
+
+
 def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
                    stuck_at: dict[str, int] | None = None) -> list[Finding]:
     """Roots of the wait graph: ranks that others wait for and that wait for nobody."""
@@ -307,10 +337,20 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     # lost dump took the blame for a dead link.
     provable = [r for r in roots if r in ctx.has_dump]
     # (and ranks a root cause found above explains, a mismatch's or a deadlock's: their waiters wait on them)
-    holding = provable + sorted(stuck | _beside_stuck(ctx, stuck_at or {}) | explained)
+    # (and ranks waiting in a send or receive Gloo didn't record: their last entry, maybe in the missing one's
+    # group, only looks like where they stopped, `_in_unrecorded_ops`; what holds them is elsewhere)
+    holding = provable + sorted(stuck | _beside_stuck(ctx, stuck_at or {}) | explained | ctx.unrecorded_waits)
     if holding and missing:
         covered = set(ctx.w.waiters_of(holding)) | set(holding)
         missing = [r for r in missing if not set(ctx.w.waiters_of([r])) <= covered]
+    # Likewise one waited on where its siblings' laggards are held elsewhere (`_beside_held`), unless its whole
+    # host left no dump: a host down is the likelier reason a rank there went silent.
+    beside = _beside_held(ctx) if missing else set()
+    if beside:
+        covered = set(ctx.w.waiters_of(sorted(beside | set(holding)))) | beside | set(holding)
+        lost_hosts = _whole_hosts_missing(ctx)
+        missing = [r for r in missing if ctx.topo.host_of.get(r) in lost_hosts
+                   or not set(ctx.w.waiters_of([r])) <= covered]
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
     out: list[Finding] = []
 

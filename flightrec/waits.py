@@ -68,7 +68,33 @@ def _last_group_per_rank(entries: pl.DataFrame) -> pl.DataFrame:
             .agg(pl.col("group").last().alias("_last_group")).collect())
 
 
-def wait_edges(m: Matching, entries: pl.DataFrame) -> pl.DataFrame:
+def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None) -> pl.DataFrame:
+    """(group, rank): for each group whose members are not all known, the ranks without a dump that could be
+    the missing ones. A group read from who used it (Gloo declares none: `inferred_groups`) lacks the members
+    that left no dump and no entry names; where ranks without a dump are in no group of its kind (tp, dp, ...),
+    each may be a member of any of its groups shorter than the others (when only one was, they were placed
+    there), or of any of them when they are all alike (a host down took a member of each). Such a group's
+    ranks are then not all known, and one stuck in it may wait on them. Empty where every group is whole."""
+    empty = pl.DataFrame(schema={"group": prog.schema["group"], "rank": pl.Int64})
+    if groups is None or "source" not in groups.columns:
+        return empty
+    kinds = groups.filter((pl.col("source") == "inferred")
+                          & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
+    lost = prog.filter(~pl.col("has_dump")).select("rank").unique()
+    if kinds.height == 0 or lost.height == 0:
+        return empty
+    held = kinds.select("pg_desc", pl.col("ranks").alias("rank")).explode("rank")
+    # (of a kind whose groups differ in size, the largest are whole: only the shorter ones lack members)
+    known = pl.col("ranks").list.len()
+    short = kinds.filter((known < known.max().over("pg_desc")) | (known.min().over("pg_desc") == known.max()
+                                                                  .over("pg_desc")))
+    return (short.select("group", "pg_desc").join(lost, how="cross").join(held, on=["pg_desc", "rank"], how="anti")
+            .select(pl.col("group").cast(prog.schema["group"]), "rank"))
+
+
+def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The wait-for edges (WAIT_EDGES). `groups` (the trace's): groups short of members (inferred, their lost
+    members unnamed) are waited in too, on the ranks without a dump that could be their members."""
     prog = m.progress
     known = prog.filter(pl.col("last_enqueued").is_not_null())
     low = known.group_by("group").agg(pl.col("last_enqueued").min().alias("_min"))
@@ -85,7 +111,9 @@ def wait_edges(m: Matching, entries: pl.DataFrame) -> pl.DataFrame:
     # behind there and its pg_status says all it enqueued there finished: it skipped the collective the others
     # wait in, and is idle, not waiting (it was hidden behind the missing dump). (Gloo counts failed work as
     # finished: at the frontier, a collective that failed because the missing rank died still counts.)
-    has_missing = prog.filter(~pl.col("has_dump")).select("group").unique()
+    lost_members = _lost_members(prog, groups)
+    has_missing = pl.concat([prog.filter(~pl.col("has_dump")).select("group"),
+                             lost_members.select("group")]).unique()
     last = (_last_group_per_rank(entries) if has_missing.height
             else pl.DataFrame(schema={"rank": pl.Int64, "_last_group": entries.schema["group"]}))
     blocked = (
@@ -97,9 +125,13 @@ def wait_edges(m: Matching, entries: pl.DataFrame) -> pl.DataFrame:
     )
     missing_in = blocked.select(
         pl.format("r:{}", "rank").alias("src"), pl.format("g:{}", "group").alias("dst"),
-        pl.lit("missing").alias("kind"), "group", pl.coalesce("pending_seq", "last_enqueued").alias("seq"))
+        pl.lit("missing").alias("kind"), "group",
+        # (where it waits: without completion states (Gloo) every entry reads pending, the oldest first)
+        pl.when(pl.col("tracks_completion")).then(pl.coalesce("pending_seq", "last_enqueued"))
+        .otherwise(pl.col("last_enqueued")).alias("seq"))
     missing_out = (
-        prog.filter(~pl.col("has_dump")).join(blocked.select("group").unique(), on="group")
+        pl.concat([prog.filter(~pl.col("has_dump")).select("group", "rank"), lost_members])
+        .join(blocked.select("group").unique(), on="group")
         .select(pl.format("g:{}", "group").alias("src"), pl.format("r:{}", "rank").alias("dst"),
                 pl.lit("missing").alias("kind"), "group", pl.lit(None, pl.Int64).alias("seq"))
     )
@@ -116,8 +148,8 @@ def wait_edges(m: Matching, entries: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([p.cast(WAIT_EDGES) for p in parts]).unique().sort("src", "dst", "group")
 
 
-def build_waits(m: Matching, entries: pl.DataFrame) -> Waits:
-    edges = wait_edges(m, entries)
+def build_waits(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None) -> Waits:
+    edges = wait_edges(m, entries, groups)
     graph = nx.DiGraph()
     graph.add_edges_from(zip(edges["src"].to_list(), edges["dst"].to_list()))
 

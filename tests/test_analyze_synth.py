@@ -543,3 +543,31 @@ def test_gloo_pipeline_ranks_waiting_in_unrecorded_transfers_are_not_named(make_
     assert report.culprits["ranks"] == truth["ranks"] == [5], report.summary
     unrecorded = [f for f in report.findings if f.role == "symptom" and "does not record" in f.message]
     assert unrecorded and unrecorded[0].ranks == [6, 7]
+
+
+def test_gloo_host_down_its_groups_without_the_lost_rank_are_not_read_as_complete_and_stuck(make_job):
+    """Gloo dumps declare no groups: they are read from who used them, so a dp group whose other member died
+    with its dump read as the group {1}, complete and stuck in flight, and host node00001 was named down. The
+    one short group of each kind takes the one rank without entries that no group of the kind holds."""
+    job = synth.Job(tp=2, pp=1, dp=2, ranks_per_host=1, backend="gloo", timing=False,
+                    fault=synth.Fault(kind="host_down", rank=3, phase="dp"))
+    report, truth = run(make_job, job, fmt="json", per_host_folders=True)
+    assert (report.culprits["ranks"], report.culprits["hosts"]) == ([3], ["node00003"]) == (truth["ranks"],
+                                                                                           truth["hosts"])
+    groups = {g: sorted(r) for g, r in report.trace.groups.select(pl.col("group").cast(pl.String), "ranks").iter_rows()}
+    assert sorted(groups.values()) == [[0, 1], [0, 1, 2, 3], [0, 2], [1, 3], [2, 3]]
+
+
+def test_gloo_host_down_groups_whose_lost_members_are_unknown_wait_on_the_ranks_that_could_be_them(make_job):
+    """A host of 4 ranks (a whole tp group) down in a Gloo job: every dp group lost its other member, so all
+    read as groups of one, alike, and nothing says which lost rank was in which. Before, each read as complete
+    and stuck in flight, and the live host node00000 was named down. Their ranks wait on the ranks without a
+    dump that no dp group holds: the lost host is named."""
+    job = synth.Job(tp=4, pp=1, dp=2, ranks_per_host=4, backend="gloo", timing=False,
+                    fault=synth.Fault(kind="host_down", rank=5, phase="dp"))
+    report, truth = run(make_job, job, hosts_csv=True)
+    assert report.culprits["ranks"] == truth["ranks"] == [4, 5, 6, 7], report.summary
+    assert report.culprits["hosts"] == truth["hosts"] == ["node00001"]
+    dp = report.trace.groups.filter(pl.col("pg_desc") == "dp")
+    assert dp["ranks"].list.len().to_list() == [1] * 4
+    assert not [f for f in report.findings if f.kind == "stuck_in_flight"]

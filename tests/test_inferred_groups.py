@@ -34,7 +34,7 @@ def _ranks(groups):
 def test_a_rank_whose_pg_status_counts_a_group_it_shows_no_entry_of_joins_the_one_short_group():
     groups = _groups()
     assert _ranks(groups)["4"] == [1]
-    placed = place_rolled_out_members(groups, ENTRIES, _status({r: [0, 1, 2] for r in range(4)}), without_entries=0)
+    placed = place_rolled_out_members(groups, ENTRIES, _status({r: [0, 1, 2] for r in range(4)}), without_entries=[])
     assert _ranks(placed) == {"1": [0, 1], "2": [2, 3], "3": [0, 2], "4": [1, 3]}
     assert placed.filter(pl.col("group") == "4")["size"].to_list() == [2]
 
@@ -42,13 +42,13 @@ def test_a_rank_whose_pg_status_counts_a_group_it_shows_no_entry_of_joins_the_on
 def test_without_the_pg_status_key_nothing_is_placed():
     groups = _groups()
     status = _status({0: [0, 1, 2], 1: [0, 1, 2], 2: [0, 1, 2], 3: [0, 1]})
-    assert _ranks(place_rolled_out_members(groups, ENTRIES, status, without_entries=0)) == _ranks(groups)
+    assert _ranks(place_rolled_out_members(groups, ENTRIES, status, without_entries=[])) == _ranks(groups)
 
 
 def test_a_rank_without_entries_could_be_the_missing_member_so_nothing_is_placed():
     groups = _groups()
     status = _status({r: [0, 1, 2] for r in range(4)})
-    assert _ranks(place_rolled_out_members(groups, ENTRIES, status, without_entries=1)) == _ranks(groups)
+    assert _ranks(place_rolled_out_members(groups, ENTRIES, status, without_entries=[4])) == _ranks(groups)
 
 
 def test_two_short_groups_of_the_kind_leave_the_ranks_unplaced():
@@ -62,4 +62,4 @@ def test_two_short_groups_of_the_kind_leave_the_ranks_unplaced():
     groups = inferred_groups(entries, conform(pl.DataFrame(schema=GROUPS), GROUPS), world_size=6)
     assert _ranks(groups)["3"] == [0] and _ranks(groups)["4"] == [1]
     status = _status({r: [0, 1, 2] for r in range(6)})
-    assert _ranks(place_rolled_out_members(groups, entries, status, without_entries=0)) == _ranks(groups)
+    assert _ranks(place_rolled_out_members(groups, entries, status, without_entries=[])) == _ranks(groups)
