@@ -293,6 +293,17 @@ def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
             if (group, seq) in in_flight and group not in stuck_at and (kind.get(group), seq) in stuck_kinds}
 
 
+def _peers_all_within(ctx: _Context, rank: int, ranks: set[int]) -> bool:
+    """Some group of `rank` smaller than the world (two or more other members with a dump) has all those
+    members in `ranks`. (Not the world's groups: everyone being held says nothing of where one rank is.)"""
+    prog = ctx.m.progress
+    small = [name for name, g in ctx.groups.items() if g.size and g.size < ctx.trace.world_size]
+    mine = prog.filter((pl.col("rank") == rank) & pl.col("group").cast(pl.String).is_in(small)).select("group")
+    peers = (prog.join(mine, on="group").filter(pl.col("has_dump") & (pl.col("rank") != rank))
+             .group_by("group").agg(pl.col("rank")))
+    return any(len(p) >= 2 and set(p) <= ranks for p in peers["rank"].to_list())
+
+
 def _whole_hosts_missing(ctx: _Context) -> set[str]:
     """Hosts of two ranks or more of which none left a readable dump."""
     missing = set(ctx.trace.missing_ranks)
@@ -343,6 +354,9 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     if holding and missing:
         covered = set(ctx.w.waiters_of(holding)) | set(holding)
         missing = [r for r in missing if not set(ctx.w.waiters_of([r])) <= covered]
+        # ... or whose peers in one of its groups (those with a dump) are all held so: it is likely where they
+        # are (its tp peers stuck in a mismatched all_gather, or waiting on a pipeline stage behind a dead NIC)
+        missing = [r for r in missing if not _peers_all_within(ctx, r, covered)]
     # Likewise one waited on where its siblings' laggards are held elsewhere (`_beside_held`), unless its whole
     # host left no dump: a host down is the likelier reason a rank there went silent.
     beside = _beside_held(ctx) if missing else set()
