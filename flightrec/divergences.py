@@ -27,14 +27,15 @@ def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.D
 
 
 def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame | None,
-                            field: pl.Expr) -> pl.DataFrame:
+                            field: pl.Expr, lone: bool = False) -> pl.DataFrame:
     """Ambiguous rows of `m` (`_minority`: one rank against one, or a tie) settled by the group's peers: the
     groups of the same kind (pg_desc, not PyTorch's default "undefined") at the same seq, where they ran the
     same program: the same ops and shapes as this group at every seq before it both recorded, one at least
     (a first pipeline stage's tp group runs an extra collective a step: the other stages' tp groups are no
     peers of it; with no history to compare, none is). Where the peers that recorded it each agreed within
     itself and all on one value, and one side here has that value, the other side is wrong (`peer_groups`:
-    how many said so). Else the row stays ambiguous."""
+    how many said so). Else the row stays ambiguous. `lone`: the rows are collectives whose other members left
+    no dump: the members present are wrong where they all differ from the peers' value too."""
     unsettled = m.filter(pl.col("ambiguous"))
     if unsettled.height == 0 or groups is None:
         return m
@@ -63,7 +64,7 @@ def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.Dat
                   pl.col("rank").filter(pl.col("_v") != pl.col("_usual")).sort().alias("_wrong"),
                   pl.col("_v").filter(pl.col("_v") != pl.col("_usual")).unique().sort().str.join(" / ").alias("_odd"),
                   pl.col("_usual").first(), pl.col("peer_groups").first()))
-    settled = sides.filter(pl.col("_has_usual") & (pl.col("_wrong").list.len() > 0))
+    settled = sides.filter((pl.col("_has_usual") | lone) & (pl.col("_wrong").list.len() > 0))
     if settled.height == 0:
         return m
     return (m.join(settled.drop("_has_usual"), on=["group", "collective_seq_id"], how="left")
@@ -96,6 +97,42 @@ def _same_history(peers: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
     return peers.join(alike.select("group", "_of", "collective_seq_id"), on=["group", "_of", "collective_seq_id"])
 
 
+def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFrame,
+                        groups: pl.DataFrame | None) -> pl.DataFrame:
+    """Mismatches no member present can show: in a group whose other members left no dump (or one cut short),
+    the first collective where the members present all ran another op, dtype or shape than every peer group of
+    the same kind at that seq (`_settled_by_peer_groups`, same history). A dp pair's broadcast, where every
+    other dp group ran an all_reduce, read as the lost partner never joining. (DIVERGENCES rows, not ambiguous;
+    groups with a divergence of their own are left to it.)"""
+    if groups is None:
+        return pl.DataFrame(schema=DIVERGENCES)
+    short = (colls.filter((pl.col("n_known") < pl.col("size")) & (pl.col("n_present") > 0)
+                          & pl.col("status").is_in(["in_flight", "missing_dumps", "matched"]))
+             .join(bad.select("group").unique(), on="group", how="anti"))
+    if short.height == 0:
+        return pl.DataFrame(schema=DIVERGENCES)
+    found = []
+    for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
+                          ("size_mismatch", shape_key(as_text=True))):
+        rows = short.select("group", "collective_seq_id", "op", pl.lit(status).alias("status"),
+                            pl.lit("").alias("majority"), pl.lit("").alias("minority"),
+                            pl.lit([], pl.List(pl.Int64)).alias("ranks"), pl.lit(True).alias("ambiguous"))
+        settled = _settled_by_peer_groups(rows, units, groups, field, lone=True).filter(~pl.col("ambiguous"))
+        if settled.height:
+            found.append(settled)
+    if not found:
+        return pl.DataFrame(schema=DIVERGENCES)
+    firsts = (pl.concat([conform(f.with_columns(pl.col("status").cast(DIVERGENCES["status"])), DIVERGENCES)
+                         for f in found])
+              .sort("collective_seq_id").group_by("group", maintain_order=True).first())
+    # (what the group should have run, for the message: the op the peers ran, where it is the op that differs)
+    return firsts.with_columns(
+        pl.when(pl.col("status") == "type_mismatch")
+        .then(pl.col("majority").cast(DIVERGENCES["op"], strict=False)).otherwise(pl.col("op")).fill_null(pl.col("op"))
+        .alias("op"),
+        pl.lit(0, DIVERGENCES["later_mismatches"]).alias("later_mismatches"))
+
+
 def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
     """Size mismatches where members agree on the input but some output breaks the op's own rule."""
     u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
@@ -112,7 +149,8 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame,
     """Each group's first collective that is a mismatch or that some members never joined. With `groups`, a
     mismatch between two members (or a tie) is settled by the peer groups of the same kind where they agree."""
     bad = colls.filter(pl.col("status").is_in([*MISMATCH_STATUSES, "not_joined"]))
-    if bad.height == 0:
+    lone = _lone_against_peers(units, colls, bad, groups)
+    if bad.height == 0 and lone.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     firsts = bad.sort("collective_seq_id").group_by("group", maintain_order=True).first()
     later = (
@@ -149,6 +187,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame,
             pl.col("op").cast(pl.String).alias("majority"),
             (pl.col("size") <= 2).alias("ambiguous"),
         ))
+    parts.append(lone)
     out = pl.concat([conform(p, DIVERGENCES) for p in parts]).drop("later_mismatches")
     out = out.join(later, on="group", how="left").with_columns(pl.col("later_mismatches").fill_null(0))
     return conform(out, DIVERGENCES).sort("group", "collective_seq_id")

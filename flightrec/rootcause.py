@@ -103,6 +103,12 @@ def _mismatch_findings(ctx: _Context) -> list[Finding]:
             ranks = sorted(present["rank"].to_list())
             msg = (f"members of {g.label()} disagree at {op} #{seq}: {row['majority']} vs {row['minority']} "
                    f"({ctx.ranks_label(ranks)}); with {len(ranks)} members it can't be said which side is wrong")
+        elif len(present) == len(ranks) and row["peer_groups"]:
+            # (its other members left no dump or a cut one: what they did is unknown, the peer groups settle it)
+            n, kind = row["peer_groups"], f"'{g.desc}'" if g.desc else "same-kind"
+            msg = (f"{ctx.ranks_label(ranks)} {word} {row['minority']} in {op} #{seq} of {g.label()}, where every "
+                   f"member of the {n:,} other {kind} group{'s' if n != 1 else ''} {word} {row['majority']} (its "
+                   "other members' dumps are lost or cut short)")
         else:
             others = len(present) - len(ranks)
             msg = (f"{ctx.ranks_label(ranks)} {word} {row['minority']} in {op} #{seq} of {g.label()}, where the "

@@ -571,3 +571,77 @@ def test_gloo_host_down_groups_whose_lost_members_are_unknown_wait_on_the_ranks_
     dp = report.trace.groups.filter(pl.col("pg_desc") == "dp")
     assert dp["ranks"].list.len().to_list() == [1] * 4
     assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
+
+
+@pytest.mark.parametrize("keep", [None, 0.8])
+def test_a_mismatch_whose_partner_lost_its_dump_is_settled_by_the_peer_groups(make_job, keep):
+    """Rank 4 broadcasts where its dp group {1, 4} all_reduces, and rank 1's dump is lost (or cut short): no
+    member present shows the mismatch, and rank 1 was named for never joining. Every other dp group ran an
+    all_reduce at that seq, after the same history: rank 4 is the one that diverged."""
+    job = synth.Job(tp=1, pp=3, dp=2, steps=4, fault=synth.Fault(kind="type_mismatch", rank=4, phase="dp"))
+    out, truth = make_job(job)
+    _damage(out, 1, keep)
+    report = analyze(out)
+    assert culprits(report)[0] == truth["ranks"] == [4], report.summary
+    root = report.root_causes[0]
+    assert (root.kind, root.op, root.evidence["minority"], root.evidence["peer_groups"]) == (
+        "mismatch", "all_reduce", "broadcast", 2)
+    assert "other members' dumps are lost or cut short" in root.message
+
+
+def _gloo_job(tp, pp, dp, per_host, seed, fault):
+    return synth.Job(tp=tp, pp=pp, dp=dp, steps=4 if dp == 8 else 3, ranks_per_host=per_host, microbatches=2,
+                     version="2.9", timing=False, seed=seed, backend="gloo", fault=fault)
+
+
+def test_gloo_a_lost_dump_whose_waiters_wait_in_unrecorded_transfers_takes_no_blame(make_job):
+    """Dead link node00001 <-> node00002 in a Gloo pipeline, rank 0's dump lost. Ranks 15-17 wait in sends or
+    receives Gloo does not record; their last entry is in the world group, where rank 0 is missing, so they
+    read as waiting on it, and it was named. What holds them is the transfer (as undamaged: inconclusive)."""
+    job = _gloo_job(1, 3, 8, 8, 219582, synth.Fault(kind="dead_link", rank=16, phase="dp",
+                                                    hosts=("node00002", "node00001")))
+    out, _ = make_job(job, per_host_folders=True)
+    _damage(out, 0)
+    report = analyze(out)
+    assert report.verdict == "inconclusive" and report.culprits["ranks"] == [], report.summary
+    assert next(f for f in report.findings if f.kind == "missing_dump").role == "warning"
+
+
+def test_gloo_a_lost_dump_beside_groups_held_by_unrecorded_transfers_takes_no_blame(make_job):
+    """A dead NIC on node00007 in a Gloo pipeline (pp 3 x dp 3, a rank a host), rank 6's dump cut short. Rank
+    6's dp peers wait on it; the other dp groups wait, at the same seq, only on ranks waiting in transfers Gloo
+    does not record (7 and 8). Rank 6, a last stage like them, may well be held the same way: host node00006
+    was named down."""
+    job = synth.Job(tp=1, pp=3, dp=3, steps=3, ranks_per_host=1, microbatches=1, version="2.9", timing=False,
+                    seed=973650, backend="gloo", fault=synth.Fault(kind="nic_down", rank=7, phase="p2p",
+                                                                    hosts=("node00007",)))
+    out, _ = make_job(job, per_host_folders=True)
+    _damage(out, 6, keep=0.7)
+    report = analyze(out)
+    assert report.verdict == "inconclusive" and "node00006" not in report.culprits["hosts"], report.summary
+
+
+def test_gloo_a_lost_dump_whose_tp_peers_are_all_in_a_mismatch_is_a_warning(make_job):
+    """Rank 4 all_gathers the wrong size in its tp group {0-7}; rank 7's dump is lost. Its dp peers wait on
+    it, but its tp peers are all in the mismatch: it is likely there too, and only rank 4 is named."""
+    job = synth.Job(tp=8, pp=1, dp=3, steps=4, ranks_per_host=1, microbatches=2, version="2.4", timing=False,
+                    seed=877052, backend="gloo", fault=synth.Fault(kind="size_mismatch", rank=4, step=0, phase="tp"))
+    out, truth = make_job(job)
+    _damage(out, 7)
+    report = analyze(out)
+    assert culprits(report)[0] == truth["ranks"] == [4], report.summary
+    assert next(f for f in report.findings if f.kind == "missing_dump").role == "warning"
+
+
+def test_gloo_a_whole_host_down_is_named_beside_lost_bystander_dumps(make_job):
+    """Host node00005 (ranks 10, 11) down in a Gloo pipeline, and ranks 0 and 15 lost their dumps too. The dp
+    groups are short of unknown members and their ranks wait on the four lost ranks; ranks 8 and 9 wait in
+    transfers Gloo does not record. A whole host silent is named; the two bystanders are warnings."""
+    job = synth.Job(tp=2, pp=2, dp=4, steps=3, ranks_per_host=2, microbatches=4, version="2.7", timing=False,
+                    seed=959941, backend="gloo", fault=synth.Fault(kind="host_down", rank=10, phase="tp"))
+    out, truth = make_job(job, per_host_folders=True)
+    _damage(out, 0)
+    _damage(out, 15)
+    report = analyze(out)
+    assert (report.culprits["ranks"], report.culprits["hosts"]) == ([10, 11], ["node00005"]) == (
+        truth["ranks"], truth["hosts"]), report.summary
