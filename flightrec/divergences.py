@@ -26,8 +26,22 @@ def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.D
     )
 
 
+def _peer_groups(rows: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame,
+                 limit: int | None = None) -> pl.DataFrame:
+    """(group, collective_seq_id, _of): for each of `rows` (group, collective_seq_id), the groups of the same
+    kind (pg_desc, not PyTorch's default "undefined") that ran the same program before that seq
+    (`_same_history`); the first `limit` of them by name, when given (each is read over its whole history)."""
+    desc = groups.select("group", pl.col("pg_desc")).filter(~pl.col("pg_desc").fill_null("").is_in(["", "undefined"]))
+    wanted = rows.select("group", "collective_seq_id").join(desc, on="group")
+    peers = (desc.join(wanted.select("pg_desc", "collective_seq_id", pl.col("group").alias("_of")), on="pg_desc")
+             .filter(pl.col("group") != pl.col("_of")))
+    if limit is not None:
+        peers = peers.sort("group").group_by("_of", "collective_seq_id", maintain_order=True).head(limit)
+    return _same_history(peers, units) if peers.height else peers
+
+
 def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame | None,
-                            field: pl.Expr, lone: bool = False) -> pl.DataFrame:
+                            field: pl.Expr, lone: bool = False, peers: pl.DataFrame | None = None) -> pl.DataFrame:
     """Ambiguous rows of `m` (`_minority`: one rank against one, or a tie) settled by the group's peers: the
     groups of the same kind (pg_desc, not PyTorch's default "undefined") at the same seq, where they ran the
     same program: the same ops and shapes as this group at every seq before it both recorded, one at least
@@ -35,17 +49,15 @@ def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.Dat
     peers of it; with no history to compare, none is). Where the peers that recorded it each agreed within
     itself and all on one value, and one side here has that value, the other side is wrong (`peer_groups`:
     how many said so). Else the row stays ambiguous. `lone`: the rows are collectives whose other members left
-    no dump: the members present are wrong where they all differ from the peers' value too."""
+    no dump: the members present are wrong where they all differ from the peers' value too. `peers`: from
+    `_peer_groups`, when already found."""
     unsettled = m.filter(pl.col("ambiguous"))
     if unsettled.height == 0 or groups is None:
         return m
-    desc = groups.select("group", pl.col("pg_desc")).filter(~pl.col("pg_desc").fill_null("").is_in(["", "undefined"]))
-    wanted = unsettled.select("group", "collective_seq_id").join(desc, on="group")
-    peers = (desc.join(wanted.select("pg_desc", "collective_seq_id", pl.col("group").alias("_of")), on="pg_desc")
-             .filter(pl.col("group") != pl.col("_of")))
+    if peers is None:
+        peers = _peer_groups(unsettled, units, groups)
     if peers.height == 0:
         return m
-    peers = _same_history(peers, units)
     values = (units.lazy().join(peers.lazy().select("group", "collective_seq_id", "_of").unique(),
                                 on=["group", "collective_seq_id"])
               .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
@@ -56,14 +68,16 @@ def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.Dat
     agreed = (values.filter(pl.col("_vs").list.len() == 1)
               .select(pl.col("_of").alias("group"), "collective_seq_id", pl.col("_vs").list.first().alias("_usual"),
                       "peer_groups"))
-    sides = (units.join(unsettled.select("group", "collective_seq_id"), on=["group", "collective_seq_id"])
+    # (lazy: the few rows joined stream the units past them, no copy of every column)
+    sides = (units.lazy().join(unsettled.lazy().select("group", "collective_seq_id"), on=["group", "collective_seq_id"])
              .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
-             .join(agreed, on=["group", "collective_seq_id"])
+             .join(agreed.lazy(), on=["group", "collective_seq_id"])
              .group_by("group", "collective_seq_id")
              .agg((pl.col("_v") == pl.col("_usual")).any().alias("_has_usual"),
                   pl.col("rank").filter(pl.col("_v") != pl.col("_usual")).sort().alias("_wrong"),
                   pl.col("_v").filter(pl.col("_v") != pl.col("_usual")).unique().sort().str.join(" / ").alias("_odd"),
-                  pl.col("_usual").first(), pl.col("peer_groups").first()))
+                  pl.col("_usual").first(), pl.col("peer_groups").first())
+             .collect())
     settled = sides.filter((pl.col("_has_usual") | lone) & (pl.col("_wrong").list.len() > 0))
     if settled.height == 0:
         return m
@@ -97,19 +111,31 @@ def _same_history(peers: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
     return peers.join(alike.select("group", "_of", "collective_seq_id"), on=["group", "_of", "collective_seq_id"])
 
 
-def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFrame,
+_LONE_PEERS = 32
+
+
+def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFrame, prog: pl.DataFrame,
                         groups: pl.DataFrame | None) -> pl.DataFrame:
     """Mismatches no member present can show: in a group whose other members left no dump (or one cut short),
     the first collective where the members present all ran another op, dtype or shape than every peer group of
     the same kind at that seq (`_settled_by_peer_groups`, same history). A dp pair's broadcast, where every
     other dp group ran an all_reduce, read as the lost partner never joining. (DIVERGENCES rows, not ambiguous;
     groups with a divergence of their own are left to it.)"""
-    if groups is None:
+    lost = prog.filter(~pl.col("has_dump")).select("group").unique()
+    if groups is None or lost.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
-    short = (colls.filter((pl.col("n_known") < pl.col("size")) & (pl.col("n_present") > 0)
-                          & pl.col("status").is_in(["in_flight", "missing_dumps", "matched"]))
+    # (at the group's frontier: where its members present stopped. Each row is checked against every peer
+    # group's history, which at 16K ranks costs ~0.1 s a row)
+    frontier = prog.join(lost, on="group").group_by("group").agg(pl.col("frontier").max().alias("collective_seq_id"))
+    short = (colls.join(frontier, on=["group", "collective_seq_id"], how="semi")
+             .filter((pl.col("n_known") < pl.col("size")) & (pl.col("n_present") > 0)
+                     & pl.col("status").is_in(["in_flight", "missing_dumps", "matched"]))
              .join(bad.select("group").unique(), on="group", how="anti"))
     if short.height == 0:
+        return pl.DataFrame(schema=DIVERGENCES)
+    # (a few dozen peers settle it as well as thousands: at 16K ranks a kind has 2,048 groups)
+    peers = _peer_groups(short, units, groups, limit=_LONE_PEERS)
+    if peers.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     found = []
     for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
@@ -117,7 +143,8 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
         rows = short.select("group", "collective_seq_id", "op", pl.lit(status).alias("status"),
                             pl.lit("").alias("majority"), pl.lit("").alias("minority"),
                             pl.lit([], pl.List(pl.Int64)).alias("ranks"), pl.lit(True).alias("ambiguous"))
-        settled = _settled_by_peer_groups(rows, units, groups, field, lone=True).filter(~pl.col("ambiguous"))
+        settled = (_settled_by_peer_groups(rows, units, groups, field, lone=True, peers=peers)
+                   .filter(~pl.col("ambiguous")))
         if settled.height:
             found.append(settled)
     if not found:
@@ -149,7 +176,7 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame,
     """Each group's first collective that is a mismatch or that some members never joined. With `groups`, a
     mismatch between two members (or a tie) is settled by the peer groups of the same kind where they agree."""
     bad = colls.filter(pl.col("status").is_in([*MISMATCH_STATUSES, "not_joined"]))
-    lone = _lone_against_peers(units, colls, bad, groups)
+    lone = _lone_against_peers(units, colls, bad, prog, groups)
     if bad.height == 0 and lone.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     firsts = bad.sort("collective_seq_id").group_by("group", maintain_order=True).first()
