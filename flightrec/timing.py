@@ -14,12 +14,12 @@ suspects, as in `locate`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 
 import polars as pl
 
-from . import echoes, lookup
+from . import echoes, lookup, unfelt
 from .match import Matching
 from .schema import P2P_OPS, WATCHDOG_POLL_MS
 from .topology import Topology
@@ -64,6 +64,9 @@ class TimingResult:
     slow_p2p_links: pl.DataFrame | None = None
     # every host's clock offset was estimated (completion times): else a rank is judged within its host
     clocks_known: bool = True
+    # without them, ranks and hosts late on most collectives whose peers never waited for them ("rank 5",
+    # "host node3" -> median ms late): their clock runs ahead (`unfelt`); not stragglers
+    clock_ahead: dict = field(default_factory=dict)
 
 
 _P2P_OPS = [*P2P_OPS, "coalesced"]   # (coalesced: the entry that closes a batch_isend_irecv)
@@ -392,11 +395,25 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
                .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
     late = lateness(units, by_host)
     per_rank, per_host, threshold = stragglers(late, host_ids, opts, skewed=(offsets["clock_offset_ms"] != 0).any())
+    clocks_known = offsets.height == host_ids.height
+    ahead: dict[str, float] = {}
+    if (units["time_completed_ns"].null_count() == units.height
+            and (per_rank["straggler"].any() or per_host["straggler"].any())):
+        # No completion times at all (Gloo, whose collectives also hold their callers until done: `unfelt`):
+        # no clocks to align, and a rank or host nobody waits on is late by its clock alone.
+        suspects = {**{f"rank {r}": [r] for r in per_rank.filter(pl.col("straggler"))["rank"].to_list()},
+                    **{f"host {h}": list(rs) for h, rs in per_host.filter(pl.col("straggler"))
+                       .select("host", "ranks").iter_rows()}}
+        ahead = unfelt.unfelt(suspects, units.select("rank", "group", "collective_seq_id", "time_created_ns"),
+                              late, threshold)
+        cleared_ranks = [int(k.split(" ", 1)[1]) for k in ahead if k.startswith("rank ")]
+        cleared_hosts = [k.split(" ", 1)[1] for k in ahead if k.startswith("host ")]
+        per_rank = per_rank.with_columns(pl.col("straggler") & ~pl.col("rank").is_in(cleared_ranks))
+        per_host = per_host.with_columns(pl.col("straggler") & ~pl.col("host").is_in(cleared_hosts))
     flagged = (per_rank.select("rank", pl.col("straggler").alias("_flagged")),
                per_host.select("host", pl.col("straggler").alias("_flagged")))
     late = late.clone()
     late.drop_in_place("_h")   # (in place: `drop` goes through a lazy plan, 3 ms at 850K rows in 49 chunks)
-    clocks_known = offsets.height == host_ids.height
     per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts, clocks_known=clocks_known)
     per_rank, per_host = echoes.drop_pipeline_echoes(per_rank, per_host, entries, topo)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
@@ -424,7 +441,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
                         slow_groups=speeds.filter(pl.col("slow")).drop("slow"), slow_hosts=slow_hosts,
                         slow_links=slow_links, threshold_ms=threshold, slow_p2p_links=slow_p2p,
-                        clocks_known=clocks_known)
+                        clocks_known=clocks_known, clock_ahead=ahead)
 
 
 def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list:
@@ -473,6 +490,16 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
                       **({"median_late_ms_by_group": {k: round(v, 3) for k, v in sorted(kinds.items())}}
                          if len(kinds) > 1 else {}),
                       **({"tied_with": row["tied_with"]} if row["tied_with"] else {})},
+        ))
+    for label, ms in sorted(result.clock_ahead.items()):
+        what, name = label.split(" ", 1)
+        ranks = [int(name)] if what == "rank" else sorted(result.per_host.filter(pl.col("host") == name)["ranks"][0])
+        out.append(Finding(
+            kind="clock_offset", role="warning", ranks=ranks, hosts=[] if what == "rank" else [name],
+            message=(f"{label} reads {ms:,.0f} ms late on its collectives (median), yet none of its peers waits for it "
+                     "(their next entry comes as soon as ever): not a straggler, the clocks disagree (its host's runs "
+                     "ahead, or its peers' run behind). These dumps have no completion times to align clocks by"),
+            evidence={"median_late_ms": round(ms, 3), "threshold_ms": round(result.threshold_ms, 3)},
         ))
     if result.slow_groups.height:
         slow = result.slow_groups
@@ -590,6 +617,9 @@ def lateness_table(result: TimingResult, top: int = 20, late_joins: list | None 
     if result.per_rank["echo"].any() or result.per_host["echo"].any():
         parts += ["", "echo: late enough to be named, but it only waits on a straggler (a pipeline neighbour, the "
                   "straggler's peers, a slow link): not named"]
+    if result.clock_ahead:
+        parts += ["", "Late by their clock only (nobody waited on them; no completion times to align clocks): "
+                  + ", ".join(f"{label} ({ms:,.0f} ms)" for label, ms in sorted(result.clock_ahead.items()))]
     if result.slow_groups.height:
         parts += ["", "Slow groups:", text_table(result.slow_groups.with_columns(pl.col(pl.Float64).round(2)))]
     if result.slow_p2p_links is not None and result.slow_p2p_links.height:

@@ -574,3 +574,59 @@ def test_a_late_host_whose_clock_is_off_says_by_how_much_it_was_corrected(make_j
     host = next(f for f in report.findings if f.kind == "straggler" and f.hosts == ["node00001"])
     assert -330 < host.evidence["clock_offset_ms"] < -270
     assert f", after removing its clock offset of {host.evidence['clock_offset_ms']:+,.0f} ms" in host.message
+
+
+def _shift_clock(src, out, ranks, ms):
+    """Copy of fixture `src` with `ranks`' enqueue times moved `ms` later: their host's clock running ahead."""
+    import pickle
+    import shutil
+
+    from flightrec.readers import read_dump
+
+    shutil.copytree(FIXTURES / src, out)
+    for path in out.rglob("nccl_trace_rank_*"):
+        if int(path.name.rsplit("_", 1)[1]) in ranks:
+            dump, _ = read_dump(path)
+            for entry in dump["entries"]:
+                entry["time_created_ns"] += int(ms * 1e6)
+            path.write_bytes(pickle.dumps(dump, protocol=2))
+    return out
+
+
+def test_real_gloo_a_rank_whose_clock_runs_ahead_is_no_straggler_beside_the_real_one(tmp_path):
+    """fixtures/straggler (rank 2 sleeps 150 ms before every collective) with rank 3's clock 500 ms ahead,
+    each rank its own host. Rank 3 reads 500 ms late on every collective, but its peers enqueue their next
+    entry ~150 ms after each one (they waited for rank 2, not for rank 3): it can't have been late, its clock
+    is. Rank 2, whose peers' gaps are as long as its lateness, stays the straggler."""
+    out = _shift_clock("straggler", tmp_path / "ahead", {3}, 500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False, ranks_per_host=1)
+    stragglers = [f for f in report.findings if f.kind == "straggler"]
+    assert [f.ranks for f in stragglers] == [[2]], report.summary
+    clock = [f for f in report.findings if f.kind == "clock_offset"]
+    assert [(f.role, f.ranks) for f in clock] == [("warning", [3])]
+    assert "none of its peers waits for it" in clock[0].message and clock[0].evidence["median_late_ms"] > 400
+
+
+@pytest.mark.parametrize("offset_ms", [500.0, -500.0])
+def test_gloo_a_host_clock_off_names_no_straggler(make_job, offset_ms):
+    """Gloo dumps carry no completion times, so a host whose clock is off can't be aligned: ahead, its ranks
+    read as a straggling host; behind, their peers read late. Nobody waited on the late-looking ones, so none
+    is a straggler: a clock_offset warning says so."""
+    fault = synth.Fault(kind="clock_offset", hosts=("node00001",), offset_ms=offset_ms)
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2, backend="gloo", timing=False,
+                                fault=fault), per_host_folders=True)
+    report = analyze(out, use_cache=False)
+    assert [f for f in report.findings if f.kind == "straggler"] == [], report.summary
+    assert [f.role for f in report.findings if f.kind == "clock_offset"] == ["warning"]
+
+
+def test_gloo_a_straggling_host_is_still_named(make_job):
+    """Its peers wait for it: their next entries come as late as it does. Not taken for a clock."""
+    fault = synth.Fault(kind="straggler_host", hosts=("node00001",))
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2, backend="gloo", timing=False,
+                                fault=fault), per_host_folders=True)
+    report = analyze(out, use_cache=False)
+    assert [(f.kind, f.hosts) for f in report.findings if f.kind in ("straggler", "clock_offset")] == [
+        ("straggler", ["node00001"])], report.summary

@@ -1,0 +1,48 @@
+"""Lateness nobody waits for: a clock running ahead, not a straggler (for dumps without completion times).
+
+Without completion times (Gloo) the hosts' clocks can't be aligned, so a host whose clock runs ahead reads as
+late on every collective it shares with other hosts, exactly as a straggling host does. What tells them apart
+is on each rank's own clock: a collective can't finish before its last member arrives, and a blocking
+collective (Gloo's are) holds its callers until it does. A member that came L ms before the last one can't
+enqueue its next entry less than L ms later; when the last one only looks late, by its clock, the others go
+on to their next entry as soon as ever. Each flagged rank or host is checked on the collectives it was late
+in: the other members' gap to their next entry (on their own clock) against how late it was. Where the gaps
+are long anyway (compute between collectives, sends and receives Gloo doesn't record), the check clears
+nothing: the flag stays.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+# peers "felt" the lateness when their gap to their next entry is at least this fraction of it
+FELT_FRACTION = 0.5
+
+
+def unfelt(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFrame,
+           threshold: float) -> dict[str, float]:
+    """Of the `flagged` ranks or hosts (label -> its ranks), those whose peers did not wait for them: label ->
+    the median lateness (ms) nobody felt. `units`: the timing window (rank, group, collective_seq_id,
+    time_created_ns); `late`: lateness per member (group, collective_seq_id, rank, late_ms). A label with no
+    collective to judge it on (no peer with a next entry) is not returned."""
+    if not flagged:
+        return {}
+    key = ["group", "collective_seq_id"]
+    # each member's gap to its own next entry in the window, on its own clock (entries are per rank in time order)
+    gaps = (units.lazy().select("rank", *key, "time_created_ns").sort("rank", "time_created_ns")
+            .with_columns(((pl.col("time_created_ns").shift(-1).over("rank") - pl.col("time_created_ns")) / 1e6)
+                          .alias("_gap"))
+            .join(late.lazy().select(*key, "rank", "late_ms"), on=[*key, "rank"])
+            .collect())
+    out = {}
+    for label, ranks in flagged.items():
+        # the collectives it was late in, by how much (the least late of its ranks)
+        mine = (gaps.filter(pl.col("rank").is_in(ranks) & (pl.col("late_ms") >= threshold))
+                .group_by(key).agg(pl.col("late_ms").min().alias("_late")))
+        # a member that came L ms before the last one can't leave, and enqueue its next entry, before L ms
+        waited = (gaps.join(mine, on=key).filter(~pl.col("rank").is_in(ranks) & pl.col("_gap").is_not_null())
+                  .group_by(key).agg((pl.col("_gap").median() >= FELT_FRACTION * pl.col("_late").first())
+                                     .alias("_felt")))
+        if waited.height and waited["_felt"].mean() < 0.5:
+            out[label] = float(mine["_late"].median())
+    return out
