@@ -27,14 +27,17 @@ def _minority(units: pl.DataFrame, firsts: pl.DataFrame, field: pl.Expr) -> pl.D
 
 
 def _peer_groups(rows: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame,
-                 limit: int | None = None) -> pl.DataFrame:
+                 limit: int | None = None, exclude: pl.DataFrame | None = None) -> pl.DataFrame:
     """(group, collective_seq_id, _of): for each of `rows` (group, collective_seq_id), the groups of the same
     kind (pg_desc, not PyTorch's default "undefined") that ran the same program before that seq
-    (`_same_history`); the first `limit` of them by name, when given (each is read over its whole history)."""
+    (`_same_history`); the first `limit` of them by name, when given (each is read over its whole history);
+    none of the groups in `exclude` (group)."""
     desc = groups.select("group", pl.col("pg_desc")).filter(~pl.col("pg_desc").fill_null("").is_in(["", "undefined"]))
     wanted = rows.select("group", "collective_seq_id").join(desc, on="group")
     peers = (desc.join(wanted.select("pg_desc", "collective_seq_id", pl.col("group").alias("_of")), on="pg_desc")
              .filter(pl.col("group") != pl.col("_of")))
+    if exclude is not None:
+        peers = peers.join(exclude.select(pl.col("group").cast(peers.schema["group"])), on="group", how="anti")
     if limit is not None:
         peers = peers.sort("group").group_by("_of", "collective_seq_id", maintain_order=True).head(limit)
     return _same_history(peers, units) if peers.height else peers
@@ -112,6 +115,7 @@ def _same_history(peers: pl.DataFrame, units: pl.DataFrame) -> pl.DataFrame:
 
 
 _LONE_PEERS = 32
+_LONE_MIN_PEERS = 2   # one other group agreeing is one witness: the lone side may be the right one
 
 
 def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFrame, prog: pl.DataFrame,
@@ -121,8 +125,13 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
     the same kind at that seq (`_settled_by_peer_groups`, same history). A dp pair's broadcast, where every
     other dp group ran an all_reduce, read as the lost partner never joining. (DIVERGENCES rows, not ambiguous;
     groups with a divergence of their own are left to it.)"""
-    lost = prog.filter(~pl.col("has_dump")).select("group").unique()
-    if groups is None or lost.height == 0:
+    if groups is None:
+        return pl.DataFrame(schema=DIVERGENCES)
+    # groups missing members: ones that left no dump, or ones no entry names (Gloo: `inferred_groups`)
+    lost = pl.concat([prog.filter(~pl.col("has_dump")).select("group"),
+                      groups.filter(pl.col("size") > pl.col("ranks").list.len())
+                      .select(pl.col("group").cast(prog.schema["group"]))]).unique()
+    if lost.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     # (at the group's frontier: where its members present stopped. Each row is checked against every peer
     # group's history, which at 16K ranks costs ~0.1 s a row)
@@ -133,8 +142,9 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
              .join(bad.select("group").unique(), on="group", how="anti"))
     if short.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
-    # (a few dozen peers settle it as well as thousands: at 16K ranks a kind has 2,048 groups)
-    peers = _peer_groups(short, units, groups, limit=_LONE_PEERS)
+    # (a few dozen peers settle it as well as thousands: at 16K ranks a kind has 2,048 groups; peers missing
+    # members themselves are no witness: the culprit may be in one)
+    peers = _peer_groups(short, units, groups, limit=_LONE_PEERS, exclude=lost)
     if peers.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     found = []
@@ -143,8 +153,10 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
         rows = short.select("group", "collective_seq_id", "op", pl.lit(status).alias("status"),
                             pl.lit("").alias("majority"), pl.lit("").alias("minority"),
                             pl.lit([], pl.List(pl.Int64)).alias("ranks"), pl.lit(True).alias("ambiguous"))
-        settled = (_settled_by_peer_groups(rows, units, groups, field, lone=True, peers=peers)
-                   .filter(~pl.col("ambiguous")))
+        settled = _settled_by_peer_groups(rows, units, groups, field, lone=True, peers=peers)
+        if "peer_groups" not in settled.columns:
+            continue   # (none settled)
+        settled = settled.filter(~pl.col("ambiguous") & (pl.col("peer_groups") >= _LONE_MIN_PEERS))
         if settled.height:
             found.append(settled)
     if not found:

@@ -299,22 +299,31 @@ def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
             if (group, seq) in in_flight and group not in stuck_at and (kind.get(group), seq) in stuck_kinds}
 
 
-def _peers_all_within(ctx: _Context, rank: int, ranks: set[int]) -> bool:
-    """Some group of `rank` smaller than the world (two or more other members with a dump) has all those
-    members in `ranks`. (Not the world's groups: everyone being held says nothing of where one rank is.)"""
-    prog = ctx.m.progress
+def _still_unexplained(ctx: _Context, missing: list[int], holding: set[int]) -> list[int]:
+    """The `missing` ranks not explained by the `holding` ranks: some rank waits on it and on none of those
+    (directly or through others), and in no group of its smaller than the world are its peers with a dump all
+    held so (its tp peers stuck in a mismatched all_gather: it is likely where they are)."""
+    if not missing or not holding:
+        return missing
+    covered = set(ctx.w.waiters_of(sorted(holding))) | holding
+    missing = [r for r in missing if not set(ctx.w.waiters_of([r])) <= covered]
+    if not missing:
+        return missing
+    # (one pass over the small progress table for every missing rank: not a filter a rank)
     small = [name for name, g in ctx.groups.items() if g.size and g.size < ctx.trace.world_size]
-    mine = prog.filter((pl.col("rank") == rank) & pl.col("group").cast(pl.String).is_in(small)).select("group")
-    peers = (prog.join(mine, on="group").filter(pl.col("has_dump") & (pl.col("rank") != rank))
-             .group_by("group").agg(pl.col("rank")))
-    return any(len(p) >= 2 and set(p) <= ranks for p in peers["rank"].to_list())
+    prog = ctx.m.progress.filter(pl.col("group").cast(pl.String).is_in(small))
+    held_groups = (prog.filter(pl.col("has_dump"))
+                   .group_by("group").agg(pl.len().alias("_n"), pl.col("rank").is_in(list(covered)).all().alias("_in"))
+                   .filter((pl.col("_n") >= 2) & pl.col("_in")).select("group"))
+    beside = set(prog.filter(pl.col("rank").is_in(missing)).join(held_groups, on="group")["rank"].to_list())
+    return [r for r in missing if r not in beside]
 
 
-def _whole_hosts_missing(ctx: _Context) -> set[str]:
-    """Hosts of two ranks or more of which none left a readable dump."""
-    missing = set(ctx.trace.missing_ranks)
-    hosts = {ctx.topo.host_of.get(r) for r in missing} - {None}
-    return {h for h in hosts if len(on := ctx.topo.ranks_on(h)) > 1 and set(on) <= missing}
+def _silent_hosts(ctx: _Context, gone: set[int]) -> set[str | None]:
+    """Hosts all of whose ranks are `gone` (left no file at all: one cut short or unreadable was written by a
+    rank alive to write it), and None (a rank whose host is unknown)."""
+    hosts = {ctx.topo.host_of.get(r) for r in gone} - {None}
+    return {h for h in hosts if set(ctx.topo.ranks_on(h)) <= gone} | {None}
 
 
 def _beside_held(ctx: _Context) -> set[int]:
@@ -356,21 +365,20 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     # (and ranks a root cause found above explains, a mismatch's or a deadlock's: their waiters wait on them)
     # (and ranks waiting in a send or receive Gloo didn't record: their last entry, maybe in the missing one's
     # group, only looks like where they stopped, `_in_unrecorded_ops`; what holds them is elsewhere)
-    holding = provable + sorted(stuck | _beside_stuck(ctx, stuck_at or {}) | explained | ctx.unrecorded_waits)
-    if holding and missing:
-        covered = set(ctx.w.waiters_of(holding)) | set(holding)
-        missing = [r for r in missing if not set(ctx.w.waiters_of([r])) <= covered]
-        # ... or whose peers in one of its groups (those with a dump) are all held so: it is likely where they
-        # are (its tp peers stuck in a mismatched all_gather, or waiting on a pipeline stage behind a dead NIC)
-        missing = [r for r in missing if not _peers_all_within(ctx, r, covered)]
-    # Likewise one waited on where its siblings' laggards are held elsewhere (`_beside_held`), unless its whole
-    # host left no dump: a host down is the likelier reason a rank there went silent.
-    beside = _beside_held(ctx) if missing else set()
-    if beside:
-        covered = set(ctx.w.waiters_of(sorted(beside | set(holding)))) | beside | set(holding)
-        lost_hosts = _whole_hosts_missing(ctx)
-        missing = [r for r in missing if ctx.topo.host_of.get(r) in lost_hosts
-                   or not set(ctx.w.waiters_of([r])) <= covered]
+    strict = set(provable) | stuck | _beside_stuck(ctx, stuck_at or {}) | explained
+    missing = _still_unexplained(ctx, missing, strict)
+    # Weaker: ranks waiting in a send or receive Gloo didn't record (their last entry, maybe in the missing
+    # one's group, only looks like where they stopped, `_in_unrecorded_ops`), and ranks beside same-kind groups
+    # whose laggards are held elsewhere (`_beside_held`). Those may be waiting on the missing rank itself (its
+    # pipeline neighbours): they don't clear one that left no file at all where its whole host left none, or
+    # where no host is known (a crashed rank is the likelier reason it went silent).
+    loose = ctx.unrecorded_waits | (_beside_held(ctx) if missing else set())
+    if missing and loose:
+        silent_ranks = set(ctx.trace.missing_ranks) - set(ctx.trace.dumps["rank"].to_list())
+        silent = _silent_hosts(ctx, silent_ranks)
+        kept = [r for r in missing if ctx.topo.host_of.get(r, None) in silent and r in silent_ranks]
+        missing = kept + [r for r in _still_unexplained(ctx, [r for r in missing if r not in kept], strict | loose)]
+        missing.sort()
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
     out: list[Finding] = []
 

@@ -34,15 +34,19 @@ def unfelt(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFram
                           .alias("_gap"))
             .join(late.lazy().select(*key, "rank", "late_ms"), on=[*key, "rank"])
             .collect())
-    out = {}
-    for label, ranks in flagged.items():
-        # the collectives it was late in, by how much (the least late of its ranks)
-        mine = (gaps.filter(pl.col("rank").is_in(ranks) & (pl.col("late_ms") >= threshold))
-                .group_by(key).agg(pl.col("late_ms").min().alias("_late")))
-        # a member that came L ms before the last one can't leave, and enqueue its next entry, before L ms
-        waited = (gaps.join(mine, on=key).filter(~pl.col("rank").is_in(ranks) & pl.col("_gap").is_not_null())
-                  .group_by(key).agg((pl.col("_gap").median() >= FELT_FRACTION * pl.col("_late").first())
-                                     .alias("_felt")))
-        if waited.height and waited["_felt"].mean() < 0.5:
-            out[label] = float(mine["_late"].median())
+    # (every label at once: a label -> rank table joined, not a filter of the window per label)
+    labels = pl.DataFrame([(label, r) for label, ranks in flagged.items() for r in ranks],
+                          schema={"_label": pl.String, "rank": pl.Int64}, orient="row")
+    # the collectives each was late in, by how much (the least late of its ranks)
+    mine = (gaps.join(labels, on="rank").filter(pl.col("late_ms") >= threshold)
+            .group_by("_label", *key).agg(pl.col("late_ms").min().alias("_late")))
+    # a member that came L ms before the last one can't leave, and enqueue its next entry, before L ms
+    waited = (gaps.filter(pl.col("_gap").is_not_null()).join(mine, on=key)
+              .join(labels, on=["_label", "rank"], how="anti")
+              .group_by("_label", *key).agg((pl.col("_gap").median() >= FELT_FRACTION * pl.col("_late").first())
+                                            .alias("_felt"))
+              .group_by("_label").agg(pl.col("_felt").mean()))
+    unfelt_labels = waited.filter(pl.col("_felt") < 0.5)["_label"].to_list()
+    lateness = dict(mine.group_by("_label").agg(pl.col("_late").median()).iter_rows())
+    out = {label: float(lateness[label]) for label in unfelt_labels}
     return out

@@ -84,11 +84,18 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None) -> pl.DataFra
     if kinds.height == 0 or lost.height == 0:
         return empty
     held = kinds.select("pg_desc", pl.col("ranks").alias("rank")).explode("rank")
-    # (of a kind whose groups differ in size, the largest are whole: only the shorter ones lack members)
+    candidates = lost.join(kinds.select("pg_desc").unique(), how="cross").join(held, on=["pg_desc", "rank"],
+                                                                              how="anti")
+    # Of a kind whose groups differ in size, the largest are whole: only the shorter ones lack members. Where
+    # they are all alike, each lacks members unless the lost ranks could make whole groups of their own (a tp
+    # group whose every dump is lost): groups of one member, or lost ranks that don't divide into groups.
     known = pl.col("ranks").list.len()
-    short = kinds.filter((known < known.max().over("pg_desc")) | (known.min().over("pg_desc") == known.max()
-                                                                  .over("pg_desc")))
-    return (short.select("group", "pg_desc").join(lost, how="cross").join(held, on=["pg_desc", "rank"], how="anti")
+    spare = candidates.group_by("pg_desc").agg(pl.len().alias("_spare"))
+    short = (kinds.join(spare, on="pg_desc")
+             .filter((known < known.max().over("pg_desc"))
+                     | ((known.min().over("pg_desc") == known.max().over("pg_desc"))
+                        & ((known == 1) | (pl.col("_spare") % known != 0)))))
+    return (short.select("group", "pg_desc").join(candidates, on="pg_desc")
             .select(pl.col("group").cast(prog.schema["group"]), "rank"))
 
 
@@ -116,12 +123,20 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
                              lost_members.select("group")]).unique()
     last = (_last_group_per_rank(entries) if has_missing.height
             else pl.DataFrame(schema={"rank": pl.Int64, "_last_group": entries.schema["group"]}))
+    # (in a group whose lost members are only guessed, `_lost_members`, a Gloo rank whose pg_status says all
+    # it enqueued there finished is not held there: its last op there completed with whoever its members are)
+    guessed = (lost_members.select("group").unique()
+               .join(prog.filter(~pl.col("has_dump")).select("group"), on="group", how="anti")
+               .with_columns(pl.lit(True).alias("_guessed")))
+    done = (pl.col("last_completed") >= pl.col("last_enqueued")).fill_null(False)
     blocked = (
         prog.filter(pl.col("has_dump")).join(has_missing, on="group").join(last, on="rank", how="left")
+        .join(guessed, on="group", how="left")
         .filter(pl.when(pl.col("tracks_completion")).then(pl.col("pending_seq").is_not_null())
                 .otherwise((pl.col("_last_group") == pl.col("group"))
-                           & ~((pl.col("last_completed") >= pl.col("last_enqueued"))
-                              & (pl.col("last_enqueued") < pl.col("frontier"))).fill_null(False)))
+                           & ~(done & ((pl.col("last_enqueued") < pl.col("frontier"))
+                                       | pl.col("_guessed").fill_null(False)))))
+        .drop("_guessed")
     )
     missing_in = blocked.select(
         pl.format("r:{}", "rank").alias("src"), pl.format("g:{}", "group").alias("dst"),

@@ -645,3 +645,63 @@ def test_gloo_a_whole_host_down_is_named_beside_lost_bystander_dumps(make_job):
     report = analyze(out)
     assert (report.culprits["ranks"], report.culprits["hosts"]) == ([10, 11], ["node00005"]) == (
         truth["ranks"], truth["hosts"]), report.summary
+
+
+def _gloo(tp, pp, dp, per_host, fault):
+    return synth.Job(tp=tp, pp=pp, dp=dp, ranks_per_host=per_host, backend="gloo", timing=False, fault=fault)
+
+
+def test_gloo_a_group_whose_every_dump_is_lost_leaves_its_siblings_whole(make_job):
+    """Rank 5 never joins a dp all_reduce; the whole tp group {0, 1} lost its dumps. The other tp groups are
+    then all alike, and were taken as short of the lost ranks: rank 5, in its tp group at the end, waited on
+    them and the lost host was named. Two lost ranks make a whole tp group of their own."""
+    job = _gloo(2, 2, 2, 2, synth.Fault(kind="not_joined", rank=5, phase="dp"))
+    out, truth = make_job(job, per_host_folders=True)
+    _damage(out, 0)
+    _damage(out, 1)
+    report = analyze(out)
+    assert culprits(report)[0] == truth["ranks"] == [5], report.summary
+
+
+def test_gloo_a_rank_whose_op_finished_in_a_group_of_guessed_members_is_not_held_there(make_job):
+    """Ranks 1 and 3 lost their dumps (dp group {1, 3} whole, one member of each tp group): the tp groups read
+    {0} and {2}, which may be short of them. Rank 2 stopped before its dp all_reduce, after a tp op its
+    pg_status says finished: it is not held in tp, and is named."""
+    job = _gloo(2, 1, 2, 2, synth.Fault(kind="not_joined", rank=2, phase="dp"))
+    out, truth = make_job(job, per_host_folders=True)
+    _damage(out, 1)
+    _damage(out, 3)
+    report = analyze(out)
+    assert culprits(report)[0] == truth["ranks"] == [2], report.summary
+
+
+def test_a_lone_mismatch_is_settled_only_by_whole_peer_groups_two_at_least(make_job):
+    """A dp size mismatch by rank 3 in a job of two dp groups, ranks 1 and 2 lost: each group holds one member
+    and each read as the lone one against the other, naming live rank 0 too. A peer missing members is no
+    witness, and one witness is not enough: no live rank is named for a mismatch."""
+    job = synth.Job(tp=1, pp=2, dp=2, ranks_per_host=2, fault=synth.Fault(kind="size_mismatch", rank=3, phase="dp"))
+    out, _ = make_job(job, per_host_folders=True)
+    _damage(out, 1)
+    _damage(out, 2)
+    report = analyze(out)
+    assert 0 not in culprits(report)[0] and not [f for f in report.root_causes if f.kind == "mismatch"], report.summary
+
+
+def test_gloo_a_lone_mismatch_in_a_group_kept_short_is_settled_by_its_peers(make_job):
+    """Rank 6 runs BFloat16 in its dp all_reduce; host node00001 (ranks 2, 3) lost its dumps, so dp group
+    {6, 2} reads {6}, kept short. Its peer dp groups all ran Float: rank 6 is named, not the lost host."""
+    job = _gloo(2, 2, 2, 2, synth.Fault(kind="dtype_mismatch", rank=6, phase="dp"))
+    out, truth = make_job(job, per_host_folders=True)
+    _damage(out, 2)
+    _damage(out, 3)
+    report = analyze(out)
+    assert culprits(report)[0] == truth["ranks"] == [6], report.summary
+
+
+def test_gloo_a_crashed_rank_with_no_host_known_is_named_beside_its_waiting_pipeline_neighbours(make_job):
+    """A Gloo pipeline (pp 4 x dp 2), rank 2 gone with no file, no host mapping. Its neighbours wait on it in
+    sends and receives Gloo does not record: they don't clear it (they may be waiting on it)."""
+    job = _gloo(1, 4, 2, 1, synth.Fault(kind="host_down", rank=2, phase="p2p", hosts=("node00002",)))
+    out, truth = make_job(job)
+    report = analyze(out)
+    assert culprits(report)[0] == truth["ranks"] == [2], report.summary
