@@ -142,10 +142,12 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
              .join(bad.select("group").unique(), on="group", how="anti"))
     if short.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
-    # (a few dozen peers settle it as well as thousands: at 16K ranks a kind has 2,048 groups; peers missing
-    # members themselves are no witness: the culprit may be in one)
-    peers = _peer_groups(short, units, groups, limit=_LONE_PEERS, exclude=lost)
-    if peers.height == 0:
+    # (a few dozen peers settle it as well as thousands: at 16K ranks a kind has 2,048 groups.) Two peers must
+    # agree, one at least missing no member: of two groups each missing members, each reads as the lone one
+    # against the other, and the culprit may be the member present in either.
+    peers = _peer_groups(short, units, groups, limit=_LONE_PEERS)
+    whole = peers.join(lost.select(pl.col("group").cast(peers.schema["group"])), on="group", how="anti")
+    if whole.height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     found = []
     for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
@@ -157,6 +159,13 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
         if "peer_groups" not in settled.columns:
             continue   # (none settled)
         settled = settled.filter(~pl.col("ambiguous") & (pl.col("peer_groups") >= _LONE_MIN_PEERS))
+        if settled.height:
+            by_whole = _settled_by_peer_groups(rows, units, groups, field, lone=True, peers=whole)
+            if "peer_groups" not in by_whole.columns:
+                continue
+            settled = settled.join(by_whole.filter(~pl.col("ambiguous") & pl.col("peer_groups").is_not_null())
+                                   .select("group", "collective_seq_id", "ranks"),
+                                   on=["group", "collective_seq_id", "ranks"], how="semi")
         if settled.height:
             found.append(settled)
     if not found:
