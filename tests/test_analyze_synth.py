@@ -651,34 +651,29 @@ def _gloo(tp, pp, dp, per_host, fault):
     return synth.Job(tp=tp, pp=pp, dp=dp, ranks_per_host=per_host, backend="gloo", timing=False, fault=fault)
 
 
-def test_gloo_a_group_whose_every_dump_is_lost_leaves_its_siblings_whole(make_job):
-    """Rank 5 never joins a dp all_reduce; the whole tp group {0, 1} lost its dumps. The other tp groups are
-    then all alike, and were taken as short of the lost ranks: rank 5, in its tp group at the end, waited on
-    them and the lost host was named. Two lost ranks make a whole tp group of their own."""
-    job = _gloo(2, 2, 2, 2, synth.Fault(kind="not_joined", rank=5, phase="dp"))
+@pytest.mark.parametrize("tp, pp, culprit, lost", [
+    # Rank 5 never joins a dp all_reduce; the whole tp group {0, 1} lost its dumps. The other tp groups are then
+    # all alike, and were taken as short of the lost ranks: rank 5, in its tp group at the end, waited on them
+    # and the lost host was named. Two lost ranks make a whole tp group of their own.
+    (2, 2, 5, (0, 1)),
+    # Ranks 1 and 3 lost their dumps (dp group {1, 3} whole, one member of each tp group): the tp groups read
+    # {0} and {2}, which may be short of them. Rank 2 stopped before its dp all_reduce, after a tp op its
+    # pg_status says finished: it is not held in tp, and is named.
+    (2, 1, 2, (1, 3)),
+])
+def test_gloo_lost_dumps_in_groups_of_guessed_members_hold_no_live_culprit(make_job, tp, pp, culprit, lost):
+    job = _gloo(tp, pp, 2, 2, synth.Fault(kind="not_joined", rank=culprit, phase="dp"))
     out, truth = make_job(job, per_host_folders=True)
-    _damage(out, 0)
-    _damage(out, 1)
+    for rank in lost:
+        _damage(out, rank)
     report = analyze(out)
-    assert culprits(report)[0] == truth["ranks"] == [5], report.summary
-
-
-def test_gloo_a_rank_whose_op_finished_in_a_group_of_guessed_members_is_not_held_there(make_job):
-    """Ranks 1 and 3 lost their dumps (dp group {1, 3} whole, one member of each tp group): the tp groups read
-    {0} and {2}, which may be short of them. Rank 2 stopped before its dp all_reduce, after a tp op its
-    pg_status says finished: it is not held in tp, and is named."""
-    job = _gloo(2, 1, 2, 2, synth.Fault(kind="not_joined", rank=2, phase="dp"))
-    out, truth = make_job(job, per_host_folders=True)
-    _damage(out, 1)
-    _damage(out, 3)
-    report = analyze(out)
-    assert culprits(report)[0] == truth["ranks"] == [2], report.summary
+    assert culprits(report)[0] == truth["ranks"] == [culprit], report.summary
 
 
 def test_a_lone_mismatch_is_settled_only_by_whole_peer_groups_two_at_least(make_job):
     """A dp size mismatch by rank 3 in a job of two dp groups, ranks 1 and 2 lost: each group holds one member
-    and each read as the lone one against the other, naming live rank 0 too. A peer missing members is no
-    witness, and one witness is not enough: no live rank is named for a mismatch."""
+    and each read as the lone one against the other, naming live rank 0 too. Two peer groups must agree, one
+    at least missing no member: here none is whole, and no live rank is named for a mismatch."""
     job = synth.Job(tp=1, pp=2, dp=2, ranks_per_host=2, fault=synth.Fault(kind="size_mismatch", rank=3, phase="dp"))
     out, _ = make_job(job, per_host_folders=True)
     _damage(out, 1)
