@@ -283,6 +283,12 @@ def _in_unrecorded_ops(trace: Trace, m: Matching) -> set[int]:
     return set(pending.join(recorded, on=["rank", "pg_id"], how="anti")["rank"].to_list())
 
 
+def _missing_waits(ctx: _Context) -> list[tuple[int, str, int | None]]:
+    """(rank, group, seq) of each rank waiting in a group on a member that left no dump (or is guessed lost)."""
+    return (ctx.w.edges.filter((pl.col("kind") == "missing") & pl.col("src").str.starts_with("r:"))
+            .select(pl.col("src").str.slice(2).cast(pl.Int64), pl.col("group").cast(pl.String), "seq").rows())
+
+
 def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
     """Ranks waiting on a missing member in a collective in flight on every member with a dump, where a group of
     the same kind is stuck in flight at the same seq with every dump there (`stuck_at`: group -> seq): the hang
@@ -293,9 +299,7 @@ def _beside_stuck(ctx: _Context, stuck_at: dict[str, int]) -> set[int]:
     stuck_kinds = {(kind.get(g), seq) for g, seq in stuck_at.items()}
     in_flight = set(ctx.m.collectives.filter(pl.col("status") == "in_flight")
                     .select(pl.col("group").cast(pl.String), "collective_seq_id").iter_rows())
-    waits = (ctx.w.edges.filter((pl.col("kind") == "missing") & pl.col("src").str.starts_with("r:"))
-             .select(pl.col("src").str.slice(2).cast(pl.Int64), pl.col("group").cast(pl.String), "seq"))
-    return {rank for rank, group, seq in waits.iter_rows()
+    return {rank for rank, group, seq in _missing_waits(ctx)
             if (group, seq) in in_flight and group not in stuck_at and (kind.get(group), seq) in stuck_kinds}
 
 
@@ -343,9 +347,7 @@ def _beside_held(ctx: _Context) -> set[int]:
     held_at = {(kind.get(g), seq) for g, seq in held.select("group", "seq").iter_rows()}
     if not held_at:
         return set()
-    missing_waits = (edges.filter((pl.col("kind") == "missing") & pl.col("src").str.starts_with("r:"))
-                     .select(pl.col("src").str.slice(2).cast(pl.Int64), pl.col("group").cast(pl.String), "seq"))
-    return {rank for rank, group, seq in missing_waits.iter_rows()
+    return {rank for rank, group, seq in _missing_waits(ctx)
             if kind.get(group) not in (None, "", "default_pg") and (kind.get(group), seq) in held_at}
 
 
@@ -363,8 +365,6 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     # lost dump took the blame for a dead link.
     provable = [r for r in roots if r in ctx.has_dump]
     # (and ranks a root cause found above explains, a mismatch's or a deadlock's: their waiters wait on them)
-    # (and ranks waiting in a send or receive Gloo didn't record: their last entry, maybe in the missing one's
-    # group, only looks like where they stopped, `_in_unrecorded_ops`; what holds them is elsewhere)
     strict = set(provable) | stuck | _beside_stuck(ctx, stuck_at or {}) | explained
     missing = _still_unexplained(ctx, missing, strict)
     # Weaker: ranks waiting in a send or receive Gloo didn't record (their last entry, maybe in the missing
@@ -377,8 +377,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
         silent_ranks = set(ctx.trace.missing_ranks) - set(ctx.trace.dumps["rank"].to_list())
         silent = _silent_hosts(ctx, silent_ranks)
         kept = [r for r in missing if ctx.topo.host_of.get(r, None) in silent and r in silent_ranks]
-        missing = kept + [r for r in _still_unexplained(ctx, [r for r in missing if r not in kept], strict | loose)]
-        missing.sort()
+        missing = sorted(kept + _still_unexplained(ctx, [r for r in missing if r not in kept], strict | loose))
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
     out: list[Finding] = []
 

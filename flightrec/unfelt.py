@@ -48,5 +48,4 @@ def unfelt(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFram
               .group_by("_label").agg(pl.col("_felt").mean()))
     unfelt_labels = waited.filter(pl.col("_felt") < 0.5)["_label"].to_list()
     lateness = dict(mine.group_by("_label").agg(pl.col("_late").median()).iter_rows())
-    out = {label: float(lateness[label]) for label in unfelt_labels}
-    return out
+    return {label: float(lateness[label]) for label in unfelt_labels}
