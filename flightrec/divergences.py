@@ -44,7 +44,8 @@ def _peer_groups(rows: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame,
 
 
 def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.DataFrame | None,
-                            field: pl.Expr, lone: bool = False, peers: pl.DataFrame | None = None) -> pl.DataFrame:
+                            field: pl.Expr, lone: bool = False, peers: pl.DataFrame | None = None,
+                            missing: pl.DataFrame | None = None) -> pl.DataFrame:
     """Ambiguous rows of `m` (`_minority`: one rank against one, or a tie) settled by the group's peers: the
     groups of the same kind (pg_desc, not PyTorch's default "undefined") at the same seq, where they ran the
     same program: the same ops and shapes as this group at every seq before it both recorded, one at least
@@ -53,7 +54,8 @@ def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.Dat
     itself and all on one value, and one side here has that value, the other side is wrong (`peer_groups`:
     how many said so). Else the row stays ambiguous. `lone`: the rows are collectives whose other members left
     no dump: the members present are wrong where they all differ from the peers' value too. `peers`: from
-    `_peer_groups`, when already found."""
+    `_peer_groups`, when already found. `missing` (group): groups missing members; with it, one peer at least
+    that agreed must be missing none."""
     unsettled = m.filter(pl.col("ambiguous"))
     if unsettled.height == 0 or groups is None:
         return m
@@ -61,14 +63,19 @@ def _settled_by_peer_groups(m: pl.DataFrame, units: pl.DataFrame, groups: pl.Dat
         peers = _peer_groups(unsettled, units, groups)
     if peers.height == 0:
         return m
-    values = (units.lazy().join(peers.lazy().select("group", "collective_seq_id", "_of").unique(),
-                                on=["group", "collective_seq_id"])
+    peer_rows = peers.lazy().select("group", "collective_seq_id", "_of").unique()
+    whole = pl.lit(True)
+    if missing is not None:
+        peer_rows = peer_rows.join(missing.lazy().select(pl.col("group").cast(peers.schema["group"]),
+                                                         pl.lit(False).alias("_whole")), on="group", how="left")
+        whole = pl.col("_whole").fill_null(True).first()
+    values = (units.lazy().join(peer_rows, on=["group", "collective_seq_id"])
               .with_columns(field.cast(pl.String).alias("_v")).filter(pl.col("_v").is_not_null())
-              .group_by("_of", "group", "collective_seq_id").agg(pl.col("_v").unique())
+              .group_by("_of", "group", "collective_seq_id").agg(pl.col("_v").unique(), whole.alias("_whole"))
               .group_by("_of", "collective_seq_id")
               .agg(pl.col("_v").list.explode(keep_nulls=False, empty_as_null=False).unique().alias("_vs"),
-                   pl.len().alias("peer_groups")).collect())
-    agreed = (values.filter(pl.col("_vs").list.len() == 1)
+                   pl.len().alias("peer_groups"), pl.col("_whole").any()).collect())
+    agreed = (values.filter((pl.col("_vs").list.len() == 1) & pl.col("_whole"))
               .select(pl.col("_of").alias("group"), "collective_seq_id", pl.col("_vs").list.first().alias("_usual"),
                       "peer_groups"))
     # (lazy: the few rows joined stream the units past them, no copy of every column)
@@ -146,8 +153,7 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
     # agree, one at least missing no member: of two groups each missing members, each reads as the lone one
     # against the other, and the culprit may be the member present in either.
     peers = _peer_groups(short, units, groups, limit=_LONE_PEERS)
-    whole = peers.join(lost.select(pl.col("group").cast(peers.schema["group"])), on="group", how="anti")
-    if whole.height == 0:
+    if peers.join(lost.select(pl.col("group").cast(peers.schema["group"])), on="group", how="anti").height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     found = []
     for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
@@ -155,17 +161,10 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
         rows = short.select("group", "collective_seq_id", "op", pl.lit(status).alias("status"),
                             pl.lit("").alias("majority"), pl.lit("").alias("minority"),
                             pl.lit([], pl.List(pl.Int64)).alias("ranks"), pl.lit(True).alias("ambiguous"))
-        settled = _settled_by_peer_groups(rows, units, groups, field, lone=True, peers=peers)
+        settled = _settled_by_peer_groups(rows, units, groups, field, lone=True, peers=peers, missing=lost)
         if "peer_groups" not in settled.columns:
             continue   # (none settled)
         settled = settled.filter(~pl.col("ambiguous") & (pl.col("peer_groups") >= _LONE_MIN_PEERS))
-        if settled.height:
-            by_whole = _settled_by_peer_groups(rows, units, groups, field, lone=True, peers=whole)
-            if "peer_groups" not in by_whole.columns:
-                continue
-            settled = settled.join(by_whole.filter(~pl.col("ambiguous") & pl.col("peer_groups").is_not_null())
-                                   .select("group", "collective_seq_id", "ranks"),
-                                   on=["group", "collective_seq_id", "ranks"], how="semi")
         if settled.height:
             found.append(settled)
     if not found:

@@ -219,6 +219,20 @@ def drop_p2p_link_echoes(per_rank: pl.DataFrame, per_host: pl.DataFrame, entries
     return per_rank, per_host, slow
 
 
+def late_p2p_links(per_rank: pl.DataFrame, entries: pl.DataFrame, topo: Topology, threshold: float,
+                   opts: TimingOptions) -> pl.DataFrame:
+    """With no straggler named: the host pairs whose sends and receives are slow at both ends, where each end
+    holds a rank late on its collectives (median over the threshold). The ends of a slow link between two
+    pipeline stages wait on it, so their next collectives start late; when no other group spans both hosts
+    (tp within a host, dp across replicas of the same stage) the sends and receives are the only place the
+    link shows. Both ends must be late: a pair of hosts that is only slow to talk (a stage that waits on its
+    own compute) delays nobody, and is not named."""
+    late = per_rank.filter((pl.col("median_late_ms") > threshold) & (pl.col("n") >= opts.min_collectives))
+    hosts = late["host"].cast(pl.String).drop_nulls().unique().to_list()
+    slow = slow_p2p_links(p2p_link_speeds(entries, topo), opts)
+    return slow.filter(pl.col("a").is_in(hosts) & pl.col("b").is_in(hosts))
+
+
 def behind_stragglers(per_host: pl.DataFrame, groups: pl.DataFrame, topo: Topology) -> list[str]:
     """The hosts named stragglers, and the hosts sharing a collective group with one (the world group aside).
     A GPU runs its stream in order: a rank's send waits for the collective before it, which waits for the

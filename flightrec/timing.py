@@ -426,6 +426,9 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     if entries is not None and (per_host["straggler"].any() or per_rank["straggler"].any()):
         per_rank, per_host, slow_p2p = echoes.drop_p2p_link_echoes(per_rank, per_host, entries, groups, topo, threshold,
                                                                       opts)
+    elif entries is not None and (per_rank["median_late_ms"] > threshold).any():
+        # (no straggler: ranks late on most collectives may be the ends of a slow link between pipeline stages)
+        slow_p2p = echoes.late_p2p_links(per_rank, entries, topo, threshold, opts)
     per_rank, per_host = (frame.join(first, on=key, how="left")
                           .with_columns((pl.col("_flagged") & ~pl.col("straggler")).fill_null(False).alias("echo"))
                           .drop("_flagged")

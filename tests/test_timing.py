@@ -355,6 +355,22 @@ def test_ranks_at_the_ends_of_a_slow_link_are_not_stragglers(make_job):
     assert _timing_findings(report) == [("slow_link", [], [], [["node00000", "node00001"]])]
 
 
+def test_a_slow_link_whose_ends_are_not_stragglers_is_still_named(make_job):
+    """tp 2 x pp 4 x dp 2, a rank a host: the slow link node00008 <-> node00010 joins two pipeline stages, and no
+    group but the world spans both hosts. Its ends are late on 59% of their collectives, under the straggler
+    rule's 60%, so no straggler was named and the sends and receives were never read: the job read healthy
+    (sweep seed 29, job 122). Late ends whose sends and receives are slow at both ends are the link."""
+    fault = synth.Fault(kind="slow_link", rank=8, hosts=("node00008", "node00010"), step=1, delay_ms=1000.0)
+    job = synth.Job(tp=2, pp=4, dp=2, steps=6, microbatches=4, ranks_per_host=1, version="2.4", timing=True,
+                    seed=662949, fault=fault)
+    out, _ = make_job(job, per_host_folders=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(out, use_cache=False)
+    assert not report.timing.per_rank["straggler"].any()
+    assert _timing_findings(report) == [("slow_link", [], [], [["node00008", "node00010"]])]
+
+
 def test_clock_offset_is_not_a_straggler(make_job):
     report = _run(make_job, "clock_offset", hosts=("node00001",))
     assert _timing_findings(report) == []
