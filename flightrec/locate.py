@@ -43,6 +43,13 @@ def stuck_tests(m: Matching) -> pl.DataFrame:
     # units on the right hashed all 14.6M of them at 16K x 2,000: +1.5 GiB)
     coll_ranks = (m.units.lazy().select("group", "collective_seq_id", "rank")
                   .join(colls.lazy(), on=["group", "collective_seq_id"], how="semi").collect())
+    # and members whose dump was cut short before that entry, though their pg_status says they enqueued it and
+    # did not complete it (`progress.status_enqueued`): a rank alone on its host is that host's only witness
+    cut = (m.progress.filter(pl.col("status_enqueued").is_not_null()).join(colls, on="group")
+           .filter((pl.col("status_enqueued") >= pl.col("collective_seq_id"))
+                   & ~(pl.col("last_completed") >= pl.col("collective_seq_id")).fill_null(False))
+           .select("group", "collective_seq_id", "rank"))
+    coll_ranks = pl.concat([coll_ranks, cut.cast(coll_ranks.schema)])
     p2p = m.p2p.filter(pl.col("status") == "in_flight")
     p2p_ranks = pl.concat([
         p2p.select(pl.format("{}:{}->{}", "group", "src", "dst").alias("group"),

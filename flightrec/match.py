@@ -256,7 +256,13 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
             .otherwise("last_completed").alias("last_completed"),
         )
         .with_columns(pl.col("last_enqueued").max().over("group").alias("frontier"))
-        .with_columns((pl.col("frontier") - pl.col("last_enqueued")).alias("behind"))
+        .with_columns((pl.col("frontier") - pl.col("last_enqueued")).alias("behind"),
+                      # (its pg_status was written with the rest of the dump, before the entries: a cut keeps
+                      # it. Its enqueued counter is the collectives' only where the recorder is NCCL's and the
+                      # group has no sends or receives, as above)
+                      pl.when(pl.col("_unknown").fill_null(False) & pl.col("tracks_completion")
+                              & ~pl.col("_has_p2p").fill_null(True))
+                      .then("_st_last").alias("status_enqueued"))
     )
     return conform(out, PROGRESS).sort("group", "rank")
 

@@ -167,6 +167,9 @@ PROGRESS = pl.Schema({
     "frontier": pl.Int64,              # the furthest any member got in this group
     "behind": pl.Int64,                # frontier - last_enqueued
     "pending_seq": pl.Int64,           # first collective this rank enqueued and has not completed (NCCL)
+    # a dump cut short: the newest collective its pg_status says it enqueued here (NCCL, groups without sends
+    # and receives), though its entries that far were cut: it joined what the others wait in up to there
+    "status_enqueued": pl.Int64,
 })
 
 COLLECTIVES = pl.Schema({

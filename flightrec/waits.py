@@ -119,8 +119,11 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
     # wait in, and is idle, not waiting (it was hidden behind the missing dump). (Gloo counts failed work as
     # finished: at the frontier, a collective that failed because the missing rank died still counts.)
     lost_members = _lost_members(prog, groups)
-    has_missing = pl.concat([prog.filter(~pl.col("has_dump")).select("group"),
-                             lost_members.select("group")]).unique()
+    # (not a member whose cut dump's pg_status says it enqueued the group's frontier: it joined all the others
+    # can wait in, and a collective it is in with everyone is stuck below them, `locate`)
+    absent = prog.filter(~pl.col("has_dump") & ~(pl.col("status_enqueued") >= pl.col("frontier")).fill_null(False)
+                         ).select("group", "rank")
+    has_missing = pl.concat([absent.select("group"), lost_members.select("group")]).unique()
     last = (_last_group_per_rank(entries) if has_missing.height
             else pl.DataFrame(schema={"rank": pl.Int64, "_last_group": entries.schema["group"]}))
     # (in a group whose lost members are only guessed, `_lost_members`, a Gloo rank whose pg_status says all
@@ -145,7 +148,7 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
         pl.when(pl.col("tracks_completion")).then(pl.coalesce("pending_seq", "last_enqueued"))
         .otherwise(pl.col("last_enqueued")).alias("seq"))
     missing_out = (
-        pl.concat([prog.filter(~pl.col("has_dump")).select("group", "rank"), lost_members])
+        pl.concat([absent, lost_members])
         .join(blocked.select("group").unique(), on="group")
         .select(pl.format("g:{}", "group").alias("src"), pl.format("r:{}", "rank").alias("dst"),
                 pl.lit("missing").alias("kind"), "group", pl.lit(None, pl.Int64).alias("seq"))

@@ -700,3 +700,32 @@ def test_gloo_a_crashed_rank_with_no_host_known_is_named_beside_its_waiting_pipe
     out, truth = make_job(job)
     report = analyze(out)
     assert culprits(report)[0] == truth["ranks"] == [2], report.summary
+
+
+@pytest.mark.parametrize("layout, fault, keep, want", [
+    # the link's own end: rank 2, alone on node00002, cut before its stuck dp all_reduce
+    (dict(tp=2, pp=1, dp=2, ranks_per_host=1),
+     synth.Fault(kind="dead_link", rank=0, phase="dp", hosts=("node00000", "node00002")), (2, 0.6),
+     ([], [], [["node00000", "node00002"]])),
+    # a bystander in the stuck world all_reduce (sweep seed 7, job 86: 'rank 3 left a dump cut short, and 95 ranks
+    # wait on it'), now read as in flight on every member
+    (dict(tp=2, pp=1, dp=4, ranks_per_host=2),
+     synth.Fault(kind="dead_link", rank=0, phase="dp", hosts=("node00000", "node00003")), (3, 0.6), None),
+])
+def test_a_cut_dumps_pg_status_says_it_joined_the_stuck_collective(make_job, layout, fault, keep, want):
+    """A dump cut short loses its newest entries, but its pg_status (written before them) survives: NCCL's
+    counter says the rank enqueued the collective the others are stuck in. It joined: nobody waits on it, and
+    it is a member of the stuck collective for group testing."""
+    out, _ = make_job(synth.Job(**layout, steps=3, fault=fault), per_host_folders=True)
+    _damage(out, *keep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the cut file's)
+        report = analyze(out, use_cache=False)
+    cut = report.matching.progress.filter(pl.col("rank") == keep[0])
+    assert cut["status_enqueued"].drop_nulls().len() > 0 and not cut["has_dump"].any()
+    assert not [f for f in report.findings if f.kind == "missing_dump" and f.role == "root_cause"], report.summary
+    if want is None:
+        assert report.verdict == "inconclusive" and "in flight on every member" in report.summary, report.summary
+        assert keep[0] in next(f for f in report.findings if f.kind == "stuck_in_flight").ranks
+    else:
+        assert culprits(report) == want, report.summary
