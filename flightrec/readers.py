@@ -7,11 +7,11 @@ bytes, int, float, bool, None) and refuses every global, which is the only way a
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
 import pickle
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +151,23 @@ def _read_to_end(fd: int, size: int, limit: int) -> bytes:
 
 
 def _gunzip_bounded(data: bytes, source: str) -> bytes:
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(data)) as gz:
-            out = gz.read(MAX_DUMP_BYTES + 1)
-    except (OSError, EOFError) as exc:
-        raise DumpFormatError(f"{source}: broken gzip stream ({exc})") from None
-    if len(out) > MAX_DUMP_BYTES:
-        raise DumpFormatError(f"{source}: decompresses past {MAX_DUMP_BYTES:,} bytes; skipped")
-    return out
+    """The decompressed bytes, member after member. A stream that just stops (the node died while the file was
+    written) gives what it holds up to the cut: the dump's beginning, whose whole entries the readers then
+    salvage as for a plain file cut short. Corrupt data is refused."""
+    parts, total = [], 0
+    while data:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)   # (a gzip member: header, deflate, trailer)
+        try:
+            parts.append(inflater.decompress(data, MAX_DUMP_BYTES + 1 - total))
+        except zlib.error as exc:
+            raise DumpFormatError(f"{source}: broken gzip stream ({exc})") from None
+        total += len(parts[-1])
+        if total > MAX_DUMP_BYTES or inflater.unconsumed_tail:
+            raise DumpFormatError(f"{source}: decompresses past {MAX_DUMP_BYTES:,} bytes; skipped")
+        if not inflater.eof:
+            break   # (cut short)
+        data = inflater.unused_data.lstrip(b"\0")   # (gzip pads some files with zeros after the last member)
+    return b"".join(parts)
 
 
 def parse_dump_bytes(data: bytes, source: str) -> tuple[dict, str]:

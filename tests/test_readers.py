@@ -74,3 +74,34 @@ def test_a_dump_that_grew_after_its_size_was_read_is_read_to_the_end(tmp_path):
         assert _read_to_end(fd, 1000, len(data) * 2) == data
     finally:
         os.close(fd)
+
+
+def _real_dump() -> bytes:
+    """A dump PyTorch's recorder wrote (Gloo, fixtures/healthy)."""
+    from .conftest import FIXTURES
+    return (FIXTURES / "healthy" / "nccl_trace_rank_1").read_bytes()
+
+
+def test_a_gzip_stream_cut_short_gives_the_whole_entries_before_the_cut(tmp_path):
+    """The node died while writing a gzipped dump: the stream just stops. What it holds decompresses to the
+    dump's beginning, and its whole entries are salvaged as for a plain pickle cut short (before, the file was
+    refused as a broken gzip stream, and the rank read as having left no dump)."""
+    whole = loads_plain_pickle(_real_dump())
+    packed = gzip.compress(_real_dump())
+    (tmp_path / "cut").write_bytes(packed[: int(len(packed) * 0.7)])
+    dump, fmt = read_dump(tmp_path / "cut")
+    assert fmt == "pickle" and dump["_truncated"] and dump["pg_status"] == whole["pg_status"]
+    assert 0 < len(dump["entries"]) < len(whole["entries"])
+    assert dump["entries"] == whole["entries"][: len(dump["entries"])]
+
+
+def test_gzip_members_are_read_one_after_another_and_corrupt_data_is_refused(tmp_path):
+    data = _real_dump()
+    half = len(data) // 2
+    (tmp_path / "two").write_bytes(gzip.compress(data[:half]) + gzip.compress(data[half:]) + b"\0" * 8)
+    assert read_dump(tmp_path / "two")[0] == loads_plain_pickle(data)
+    packed = bytearray(gzip.compress(data))
+    packed[len(packed) // 2: len(packed) // 2 + 64] = b"\xff" * 64
+    (tmp_path / "bad").write_bytes(bytes(packed))
+    with pytest.raises(DumpFormatError, match="broken gzip stream"):
+        read_dump(tmp_path / "bad")
