@@ -107,6 +107,62 @@ def salvage_truncated_pickle(data: bytes, source: str) -> dict:
     return out
 
 
+def salvage_truncated_json(data: bytes) -> dict | None:
+    """A JSON dump that just stops (the node died mid-write): the top-level keys whole before the cut, and of
+    `entries`, cut inside, the whole entry objects before it; marked with a '_truncated' key. None when the text
+    is not a JSON object cut short (corrupt, or no whole entry): the caller refuses it. (PyTorch writes the keys
+    in alphabetical order, `entries` second: a cut keeps entries and loses the groups, statuses and version.)"""
+    try:
+        text = data.decode("utf-8", errors="ignore")   # (the cut can split a character)
+    except (UnicodeError, MemoryError):
+        return None
+    decoder = json.JSONDecoder()
+    out: dict = {}
+    entries: list = []
+    at = _skip(text, text.index("{") + 1) if "{" in text else len(text)
+    while at < len(text):
+        try:
+            key, at = decoder.raw_decode(text, at)
+            at = _skip(text, at)
+            if not isinstance(key, str) or text[at:at + 1] != ":":
+                return None
+            at = _skip(text, at + 1)
+            if key == "entries" and text[at:at + 1] == "[":
+                at, whole = _skip(text, at + 1), True
+                while at < len(text) and text[at] != "]":
+                    try:
+                        entry, at = decoder.raw_decode(text, at)
+                    except ValueError:
+                        whole = False
+                        break
+                    entries.append(entry)
+                    at = _skip(text, at)
+                    at = _skip(text, at + 1) if text[at:at + 1] == "," else at
+                if not whole or at >= len(text):
+                    break
+                value, at = entries, at + 1
+            else:
+                value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            break   # (the cut)
+        out[key] = value
+        at = _skip(text, at)
+        if text[at:at + 1] != ",":
+            break
+        at = _skip(text, at + 1)
+    if not entries or not all(isinstance(e, dict) for e in entries):
+        return None
+    out["entries"] = entries
+    out["_truncated"] = True
+    return out
+
+
+def _skip(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
+
+
 def read_dump(path: Path) -> tuple[dict, str]:
     """Return (the dump as a dict, 'pickle' or 'json'). A truncated pickle gives back what decoded before
     the cut, marked with a '_truncated' key."""
@@ -176,7 +232,9 @@ def parse_dump_bytes(data: bytes, source: str) -> tuple[dict, str]:
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise DumpFormatError(f"{source}: not valid JSON ({exc})") from None
+            obj = salvage_truncated_json(data)
+            if obj is None:
+                raise DumpFormatError(f"{source}: not valid JSON ({exc})") from None
         fmt = "json"
     elif data[:1] == b"\x80":
         try:

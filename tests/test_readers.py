@@ -105,3 +105,21 @@ def test_gzip_members_are_read_one_after_another_and_corrupt_data_is_refused(tmp
     (tmp_path / "bad").write_bytes(bytes(packed))
     with pytest.raises(DumpFormatError, match="broken gzip stream"):
         read_dump(tmp_path / "bad")
+
+
+@pytest.mark.parametrize("keep", [0.3, 0.6, 0.97])
+def test_a_json_dump_cut_short_gives_the_whole_entries_before_the_cut(tmp_path, keep):
+    """A real JSON dump (PyTorch writes its keys in alphabetical order: entries second) cut short: the whole
+    entries before the cut are kept, marked truncated; before, the file was refused as invalid JSON."""
+    from .conftest import FIXTURES
+    data = (FIXTURES / "healthy_json" / "nccl_trace_rank_0").read_bytes()
+    whole = json.loads(data)
+    (tmp_path / "cut").write_bytes(data[: int(len(data) * keep)])
+    dump, fmt = read_dump(tmp_path / "cut")
+    assert fmt == "json" and dump["_truncated"] and dump["comm_lib_version"] == whole["comm_lib_version"]
+    assert 0 < len(dump["entries"]) <= len(whole["entries"])
+    assert dump["entries"] == whole["entries"][: len(dump["entries"])]
+    if keep > 0.95:   # (cut in the keys after the entries: every entry is whole)
+        assert len(dump["entries"]) == len(whole["entries"])
+    else:
+        assert len(dump["entries"]) < len(whole["entries"]) and "pg_config" not in dump
