@@ -8,7 +8,8 @@ from __future__ import annotations
 import polars as pl
 
 REPORT_VERSION = 1
-CACHE_FORMAT_VERSION = 8   # (bumped whenever reading a file gives another table: 8, gzip and JSON dumps cut short are read)
+# bumped whenever reading a file gives another table (8: gzip and JSON dumps cut short are read)
+CACHE_FORMAT_VERSION = 8
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
