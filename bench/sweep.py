@@ -14,7 +14,9 @@ cause); inconclusive (a hang the dumps can't narrow: e.g. a dead link under grou
 ambiguous (a slow link found, not narrowed to one host pair; a mismatch in a group of two, said to be
 ambiguous, with the culprit among those named); partial (the straggler named with others; for
 nic_down, a link of the host);
-missed (a timing fault not seen); WRONG (a wrong culprit, a fault called healthy, a healthy job called
+missed (a timing fault not seen); unseeable (a slow link not seen that no group can be compared across: every
+group of each kind it slows is slowed, the world group alone for instance, and no send or receive it slows is
+recorded); WRONG (a wrong culprit, a fault called healthy, a healthy job called
 faulty); ERROR (an exception: a bug). Prints the table by fault kind and by damage.
 """
 
@@ -37,7 +39,7 @@ from flightrec import analyze, synth
 
 HANGS = ("host_down", "dead_link", "nic_down", "not_joined", "type_mismatch", "dtype_mismatch", "size_mismatch")
 TIMING = ("straggler", "straggler_host", "slow_link", "clock_offset")
-RESULTS = ("right", "right+damaged", "inconclusive", "ambiguous", "partial", "missed", "WRONG", "ERROR")
+RESULTS = ("right", "right+damaged", "inconclusive", "ambiguous", "partial", "missed", "unseeable", "WRONG", "ERROR")
 
 
 def draw(seed: int, index: int) -> dict:
@@ -104,12 +106,22 @@ def run(case: dict, workdir: str) -> dict:
             warnings.simplefilter("ignore")
             report = analyze(out, use_cache=False, **options)
         result, why = score(case["fault"]["kind"], truth, report, damaged)
+        if result == "missed" and case["fault"]["kind"] == "slow_link" and not _comparable(job):
+            result, why = "unseeable", "every group the link slows has no peer group it doesn't slow"
         return dict(case, result=result, why=why, summary=report.summary[:300], damaged=damaged,
                     seconds=round(time.perf_counter() - start, 2))
     except Exception as exc:  # noqa: BLE001 - a sweep reports every failure and goes on
         return dict(case, result="ERROR", why=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-2000:])
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _comparable(job: synth.Job) -> bool:
+    """A slow link slows some groups of a kind and not others (group testing can see it), or slows sends and
+    receives the recorder keeps (NCCL's; Gloo records none)."""
+    reach = synth.link_reach(job, job.fault.hosts)
+    p2p = reach.get("p2p", (0, 0))[0] > 0 and job.backend != "gloo"
+    return p2p or any(0 < hit < of for kind, (hit, of) in reach.items() if kind not in ("p2p", "default_pg"))
 
 
 def _damage(out: Path, job: synth.Job, truth: dict, case: dict) -> list[int]:

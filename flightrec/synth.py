@@ -611,6 +611,22 @@ def to_json_dump(dump: dict) -> str:
     return json.dumps(out)
 
 
+def link_reach(job: Job, hosts: tuple[str, str]) -> dict[str, tuple[int, int]]:
+    """Per kind of group (its desc, or 'p2p' for pipeline sends and receives): how many of its groups have an
+    op whose partners span both `hosts` (a slow or dead link between them slows or stops those), of how many.
+    A link that reaches every group of each kind it reaches has no peer group to be compared with."""
+    groups, by_rank = _groups(job)
+    reach: dict[str, set] = defaultdict(set)
+    total: dict[str, set] = defaultdict(set)
+    for rank in range(job.world_size):
+        for op in _schedule(job, rank, by_rank, range(1)):
+            kind = "p2p" if op.is_p2p else op.group.desc
+            total[kind].add(op.group.name)
+            if set(hosts) <= {job.host_of(m) for m in _Sim._partners(op)}:
+                reach[kind].add(op.group.name)
+    return {kind: (len(reach[kind]), len(names)) for kind, names in total.items()}
+
+
 def truth_path(out_dir: str | Path) -> Path:
     """Where `generate` writes the ground truth: beside the dump folder, not in it."""
     out = Path(out_dir)

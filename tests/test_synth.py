@@ -90,3 +90,13 @@ def test_a_replicated_step_completes_each_collective_at_one_instant(tmp_path, mo
                 seen.setdefault(key, []).append(e["time_discovered_completed_ns"])
     assert len(seen) > 50 and all(max(v) - min(v) < synth._WATCHDOG_NS for v in seen.values())
     assert any(len(set(v)) > 1 for v in seen.values())
+
+
+def test_link_reach_counts_the_groups_a_link_slows_against_their_kind():
+    """tp 2 x pp 4 x dp 2, a rank a host: node00008 <-> node00010 joins two pipeline stages (one send/recv group
+    of four) and the world; no tp or dp group. tp 2 x dp 8, two ranks a host: node00000 <-> node00003 is in
+    both dp groups (no dp peer is left to compare with)."""
+    assert synth.link_reach(synth.Job(tp=2, pp=4, dp=2, ranks_per_host=1), ("node00008", "node00010")) == {
+        "tp": (0, 8), "p2p": (1, 4), "dp": (0, 8), "default_pg": (1, 1)}
+    assert synth.link_reach(synth.Job(tp=2, pp=1, dp=8, ranks_per_host=2), ("node00003", "node00000")) == {
+        "tp": (0, 8), "dp": (2, 2), "default_pg": (1, 1)}
