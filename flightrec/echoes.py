@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import networkx as nx
+import numpy as np
 import polars as pl
 
 from .match import is_p2p_closer
@@ -128,18 +129,33 @@ def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
     slow too, but only the waiting end: a slow link is slow at both ends. Needs completion times (NCCL)."""
     # A batch that also talks to another host counts toward both pairs (interleaved schedules send forward and
     # receive backward in one batch): its slow end is only one end, so the both-ends rule still holds.
-    batches = (entries.lazy()
-               .select("rank", "group", "p2p_seq_id", "is_p2p", "peer", "time_created_ns", "time_completed_ns",
-                       is_p2p_closer().alias("_closer"))   # (a batch's state and times are its closer's)
-               # (without a p2p_seq_id, older recorders, a rank's batches can't be told apart: not timed)
-               .filter((pl.col("is_p2p") | pl.col("_closer")) & pl.col("p2p_seq_id").is_not_null())
-               .group_by("rank", "group", "p2p_seq_id")
-               .agg(pl.col("peer").drop_nulls().unique(), pl.col("time_created_ns").min().alias("_created"),
-                    pl.col("time_completed_ns").max().alias("_done"))
-               .filter(pl.col("_done").is_not_null() & pl.col("_created").is_not_null())
-               .explode("peer")
-               .select("rank", "peer", ((pl.col("_done") - pl.col("_created")) / 1e6).alias("ms")))
-    return (_with_hosts(batches, topo).group_by("host", "peer_host")
+    key = ("rank", "group", "p2p_seq_id")
+    rows = (entries.lazy()
+            .select(*key, "is_p2p", "peer", "time_created_ns", "time_completed_ns",
+                    is_p2p_closer().alias("_closer"))   # (a batch's state and times are its closer's)
+            # (without a p2p_seq_id, older recorders, a rank's batches can't be told apart: not timed)
+            .filter((pl.col("is_p2p") | pl.col("_closer")) & pl.col("p2p_seq_id").is_not_null())
+            # A batch's entries are recorded one after another (entries are in rank, record order): a batch is a
+            # run of rows with one key. Its times are reduced over the run by position: a hashed group_by over
+            # 860K batches cost 0.5 s at 16K ranks, which the straggler and slow-link checks paid each time.
+            .with_columns(pl.any_horizontal(pl.col(c).to_physical() != pl.col(c).to_physical().shift(1) for c in key)
+                          .fill_null(True).alias("_starts"))
+            .select("rank", "peer", "time_created_ns", "time_completed_ns", "_starts")
+            .collect())
+    starts = np.flatnonzero(rows["_starts"].to_numpy())
+    if len(starts) == 0:
+        return pl.DataFrame(schema={"host": pl.String, "peer_host": pl.String, "ms": pl.Float64, "n": pl.UInt32})
+    big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    created = np.minimum.reduceat(rows["time_created_ns"].fill_null(big).to_numpy(), starts)
+    done = np.maximum.reduceat(rows["time_completed_ns"].fill_null(small).to_numpy(), starts)
+    batch = np.cumsum(rows["_starts"].to_numpy()) - 1
+    timed = (created != big) & (done != small)
+    batches = pl.DataFrame({"_b": np.arange(len(starts))[timed], "rank": rows["rank"].to_numpy()[starts][timed],
+                            "ms": (done[timed] - created[timed]) / 1e6})
+    peers = (pl.DataFrame({"_b": batch, "peer": rows["peer"]}).lazy().filter(pl.col("peer").is_not_null())
+             .unique())
+    pairs = batches.lazy().join(peers, on="_b").select("rank", "peer", "ms")
+    return (_with_hosts(pairs, topo).group_by("host", "peer_host")
             .agg(pl.col("ms").median(), pl.len().alias("n")).collect())
 
 

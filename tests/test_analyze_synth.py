@@ -729,3 +729,17 @@ def test_a_cut_dumps_pg_status_says_it_joined_the_stuck_collective(make_job, lay
         assert keep[0] in next(f for f in report.findings if f.kind == "stuck_in_flight").ranks
     else:
         assert culprits(report) == want, report.summary
+
+
+def test_a_mismatch_against_a_cut_member_is_no_hang_below_the_collectives(make_job):
+    """Rank 4 all_reduces in BFloat16 in dp group {1, 4}; rank 1's dump is cut before that collective, its
+    pg_status kept: it joined. The peer groups settle the mismatch; the collective, in flight on both members,
+    is not also a stuck group naming link node00000 <-> node00002 (sweep seed 7, job 8)."""
+    job = synth.Job(tp=1, pp=3, dp=2, ranks_per_host=2, steps=6, microbatches=2, buffer_size=200, seed=918812,
+                    fault=synth.Fault(kind="dtype_mismatch", rank=4, phase="dp"))
+    out, truth = make_job(job, per_host_folders=True)
+    _damage(out, 1, keep=0.6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (the cut file's)
+        report = analyze(out, use_cache=False)
+    assert [(f.kind, f.ranks) for f in report.root_causes] == [("mismatch", [4])], report.summary
