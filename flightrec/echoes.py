@@ -144,7 +144,8 @@ def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
             .collect())
     starts = np.flatnonzero(rows["_starts"].to_numpy())
     if len(starts) == 0:
-        return pl.DataFrame(schema={"host": pl.String, "peer_host": pl.String, "ms": pl.Float64, "n": pl.UInt32})
+        host = topo.frame().schema["host"]
+        return pl.DataFrame(schema={"host": host, "peer_host": host, "ms": pl.Float64, "n": pl.UInt32})
     big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     created = np.minimum.reduceat(rows["time_created_ns"].fill_null(big).to_numpy(), starts)
     done = np.maximum.reduceat(rows["time_completed_ns"].fill_null(small).to_numpy(), starts)
