@@ -123,3 +123,15 @@ def test_a_json_dump_cut_short_gives_the_whole_entries_before_the_cut(tmp_path, 
         assert len(dump["entries"]) == len(whole["entries"])
     else:
         assert len(dump["entries"]) < len(whole["entries"]) and "pg_config" not in dump
+
+
+def test_a_cut_json_dump_is_noted_as_cut_not_as_missing_its_version(tmp_path):
+    """PyTorch's JSON keys are alphabetical: a cut dump keeps its entries and loses `version` after them. The
+    dump's problem is the cut; "no 'version' field" beside it sent readers looking for another writer."""
+    from flightrec.flatten import flatten_dump
+
+    from .conftest import FIXTURES
+    data = (FIXTURES / "healthy_json" / "nccl_trace_rank_0").read_bytes()
+    (tmp_path / "cut").write_bytes(data[: len(data) // 2])
+    problems = flatten_dump(read_dump(tmp_path / "cut")[0], 0)["metas"][0]["problems"]
+    assert len(problems) == 1 and problems[0].startswith("truncated file: kept the"), problems
