@@ -246,6 +246,9 @@ def late_p2p_links(per_rank: pl.DataFrame, entries: pl.DataFrame, topo: Topology
     own compute) delays nobody, and is not named."""
     late = per_rank.filter((pl.col("median_late_ms") > threshold) & (pl.col("n") >= opts.min_collectives))
     hosts = late["host"].cast(pl.String).drop_nulls().unique().to_list()
+    if len(hosts) < 2:   # (a link has two ends: without two late hosts the sends and receives are not read)
+        return slow_p2p_links(pl.DataFrame(schema={"host": pl.String, "peer_host": pl.String, "ms": pl.Float64,
+                                                   "n": pl.UInt32}), opts)
     slow = slow_p2p_links(p2p_link_speeds(entries, topo), opts)
     return slow.filter(pl.col("a").is_in(hosts) & pl.col("b").is_in(hosts))
 

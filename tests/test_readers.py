@@ -135,3 +135,18 @@ def test_a_cut_json_dump_is_noted_as_cut_not_as_missing_its_version(tmp_path):
     (tmp_path / "cut").write_bytes(data[: len(data) // 2])
     problems = flatten_dump(read_dump(tmp_path / "cut")[0], 0)["metas"][0]["problems"]
     assert len(problems) == 1 and problems[0].startswith("truncated file: kept the"), problems
+
+
+@pytest.mark.parametrize("damage", ["garbage in the middle", "junk after the end", "bad UTF-8 in the middle"])
+def test_a_corrupt_json_dump_is_refused_not_read_as_cut(tmp_path, damage):
+    """Only text that just stops is a cut: corrupt text before its end, or a whole dump with junk after it, is
+    refused as before (a review found both read as 'truncated', the rest of the dump dropped without a word)."""
+    from .conftest import FIXTURES
+    data = (FIXTURES / "healthy_json" / "nccl_trace_rank_0").read_bytes()
+    middle = data.index(b"},{", len(data) // 2) + 2   # (between two entries)
+    data = {"garbage in the middle": data[:middle] + b" GARBAGE " + data[middle:],
+            "junk after the end": data + b"\n}",
+            "bad UTF-8 in the middle": data[:middle] + b"\xff" + data[middle:]}[damage]
+    (tmp_path / "bad").write_bytes(data)
+    with pytest.raises(DumpFormatError, match="not valid JSON"):
+        read_dump(tmp_path / "bad")
