@@ -160,14 +160,16 @@ def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
             .agg(pl.col("ms").median(), pl.len().alias("n")).collect())
 
 
+_SLOW_PAIRS = {"a": pl.String, "b": pl.String, "a_ms": pl.Float64, "b_ms": pl.Float64, "baseline_ms": pl.Float64}
+
+
 def slow_p2p_links(speeds: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
     """Host pairs slow at both ends: each end's median `slow_factor` x the lower quartile of every end's
     median and `min_slow_ms` above it (the quartile, so a few slow pairs don't drag the baseline up), and a
     watchdog poll above it: the times are completion times, stamped at the watchdog's next 100 ms poll, and
     with the poll's phase pinned by regular steps an end can read ~90 ms slow for no reason (a false link
     beside a slow host in 2 of 50 random jobs, ends 93 and 449 ms over a 77 ms baseline)."""
-    empty = pl.DataFrame(schema={"a": pl.String, "b": pl.String, "a_ms": pl.Float64, "b_ms": pl.Float64,
-                                 "baseline_ms": pl.Float64})
+    empty = pl.DataFrame(schema=_SLOW_PAIRS)
     ends = speeds.filter(pl.col("n") >= opts.min_collectives).select(
         pl.col("host").cast(pl.String).alias("a"), pl.col("peer_host").cast(pl.String).alias("b"), "ms")
     if ends.height < 4:   # two pairs at least, both ends each: else there is no baseline
@@ -247,8 +249,7 @@ def late_p2p_links(per_rank: pl.DataFrame, entries: pl.DataFrame, topo: Topology
     late = per_rank.filter((pl.col("median_late_ms") > threshold) & (pl.col("n") >= opts.min_collectives))
     hosts = late["host"].cast(pl.String).drop_nulls().unique().to_list()
     if len(hosts) < 2:   # (a link has two ends: without two late hosts the sends and receives are not read)
-        return slow_p2p_links(pl.DataFrame(schema={"host": pl.String, "peer_host": pl.String, "ms": pl.Float64,
-                                                   "n": pl.UInt32}), opts)
+        return pl.DataFrame(schema=_SLOW_PAIRS)
     slow = slow_p2p_links(p2p_link_speeds(entries, topo), opts)
     return slow.filter(pl.col("a").is_in(hosts) & pl.col("b").is_in(hosts))
 
