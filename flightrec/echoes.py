@@ -142,14 +142,15 @@ def p2p_link_speeds(entries: pl.DataFrame, topo: Topology) -> pl.DataFrame:
                           .fill_null(True).alias("_starts"))
             .select("rank", "peer", "time_created_ns", "time_completed_ns", "_starts")
             .collect())
-    starts = np.flatnonzero(rows["_starts"].to_numpy())
+    is_start = rows["_starts"].to_numpy()
+    starts = np.flatnonzero(is_start)
     if len(starts) == 0:
         host = topo.frame().schema["host"]
         return pl.DataFrame(schema={"host": host, "peer_host": host, "ms": pl.Float64, "n": pl.UInt32})
     big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
     created = np.minimum.reduceat(rows["time_created_ns"].fill_null(big).to_numpy(), starts)
     done = np.maximum.reduceat(rows["time_completed_ns"].fill_null(small).to_numpy(), starts)
-    batch = np.cumsum(rows["_starts"].to_numpy()) - 1
+    batch = np.cumsum(is_start) - 1
     timed = (created != big) & (done != small)
     batches = pl.DataFrame({"_b": np.arange(len(starts))[timed], "rank": rows["rank"].to_numpy()[starts][timed],
                             "ms": (done[timed] - created[timed]) / 1e6})
