@@ -225,8 +225,11 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
         (pl.col("rank").is_in(cut_short(dumps).implode())
          | ((pl.col("entry_count") == 0) & pl.col("_ran").fill_null(False))).alias("_unknown"),
     ).with_columns((~pl.col("_unknown")).alias("has_dump")).join(tracks, on="rank", how="left")
+    # (ranks whose buffer rolled past a group, and ranks whose dump was cut before their entries there: both
+    # keep their pg_status, and only it says how far they got)
     rolled_out = _rolled_out_status(per, members, pg_status, p2p_groups, trace_entries,
-                                    rank_info.filter(pl.col("has_dump") & pl.col("wrapped")).select("rank"),
+                                    rank_info.filter((pl.col("has_dump") & pl.col("wrapped")) | pl.col("_unknown"))
+                                    .select("rank", pl.col("_unknown").alias("_cut")),
                                     default_groups)
     out = (
         members.join(per, on=["group", "rank"], how="left")
@@ -253,6 +256,9 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
             .when(~pl.col("tracks_completion") & (pl.col("_st_done") == pl.col("last_enqueued"))
                   & (pl.col("_st_last") == pl.col("last_enqueued")))
             .then("last_enqueued")
+            # A dump cut before its entries in the group: its counter there, read by `_rolled_out_status`
+            .when(pl.col("_unknown").fill_null(False) & pl.col("tracks_completion") & pl.col("_st_fin").is_not_null())
+            .then(pl.min_horizontal("_st_fin", "_st_enq"))
             .otherwise("last_completed").alias("last_completed"),
         )
         .with_columns(pl.col("last_enqueued").max().over("group").alias("frontier"))
@@ -260,24 +266,30 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
                       # (its pg_status was written with the rest of the dump, before the entries: a cut keeps
                       # it. Its enqueued counter is the collectives' only where the recorder is NCCL's and the
                       # group has no sends or receives, as above)
-                      pl.when(pl.col("_unknown").fill_null(False) & pl.col("tracks_completion")
-                              & ~pl.col("_has_p2p").fill_null(True))
-                      .then("_st_last").alias("status_enqueued"))
+                      # (where the cut left no entry of the group, the counter `_rolled_out_status` read)
+                      pl.when(pl.col("_unknown").fill_null(False) & pl.col("tracks_completion"))
+                      .then(pl.coalesce(pl.when(~pl.col("_has_p2p").fill_null(True)).then("_st_last"), "_st_enq"))
+                      .alias("status_enqueued"))
     )
     return conform(out, PROGRESS).sort("group", "rank")
 
 
 def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.DataFrame, p2p_groups: pl.DataFrame,
                        entries: pl.DataFrame, wrapped: pl.DataFrame, default_groups: pl.DataFrame) -> pl.DataFrame:
-    """(group, rank, _st_enq): how far a rank got in a group none of its entries is in, from its pg_status.
+    """(group, rank, _st_enq, _st_fin): how far a rank got in a group none of its entries is in, from its
+    pg_status (enqueued, completed).
 
     The ring buffer is one per rank, shared by all groups: a rank busy in its tensor- and pipeline-parallel
     groups can roll its last data-parallel collectives out of it (`wrapped`: such ranks), and then only
     pg_status says how far it got there. Its keys are local pg ids, which only the rank's entries tie to
     groups: the default group's is 0, and then read where that leaves the rank one group and one key without
     entries; and only where the rank's counters agree with its newest entries in every group they can be
-    checked on. Not for groups with sends and receives, whose seq some recorders count in."""
-    out = pl.DataFrame(schema={"group": per.schema["group"], "rank": pl.Int64, "_st_enq": pl.Int64})
+    checked on. Not for groups with sends and receives, whose seq some recorders count in.
+
+    `wrapped`: (rank, _cut). A rank with `_cut` set left a dump cut short: its pg_status, written before the
+    entries, survived while its newest entries did not, so its counters need only be at or past them."""
+    out = pl.DataFrame(schema={"group": per.schema["group"], "rank": pl.Int64, "_st_enq": pl.Int64,
+                               "_st_fin": pl.Int64})
     candidates = (members.select("group", "rank").join(wrapped, on="rank", how="semi")
                   .join(per.select("group", "rank"), on=["group", "rank"], how="anti")
                   .join(p2p_groups, on="group", how="anti"))
@@ -288,21 +300,22 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
     shown = (entries.lazy().filter(pl.col("rank").is_in(ranks.implode())).select("group", "rank", "pg_id")
              .drop_nulls().unique().collect())
     status = pg_status.filter(pl.col("rank").is_in(ranks.implode())).select(
-        "rank", "pg_id", pl.col("last_enqueued").alias("_st"))
+        "rank", "pg_id", pl.col("last_enqueued").alias("_st"), pl.col("last_completed").alias("_fin"))
     agrees = (per.filter(pl.col("rank").is_in(ranks.implode())).join(p2p_groups, on="group", how="anti")
-              .join(status, on=["rank", "pg_id"], how="inner")
-              .group_by("rank").agg((pl.col("_st") == pl.col("last_enqueued")).all().alias("_agrees")))
+              .join(status, on=["rank", "pg_id"], how="inner").join(wrapped, on="rank")
+              .group_by("rank").agg(pl.when(pl.col("_cut")).then(pl.col("_st") >= pl.col("last_enqueued"))
+                                    .otherwise(pl.col("_st") == pl.col("last_enqueued")).all().alias("_agrees")))
     keys = status.join(shown, on=["rank", "pg_id"], how="anti")
     groups = (members.select("group", "rank").filter(pl.col("rank").is_in(ranks.implode()))
               .join(shown, on=["group", "rank"], how="anti"))
     # The default group is the first a process makes: its local id is 0 (on every recorded dump we have)
     default = (keys.filter(pl.col("pg_id") == 0)
                .join(groups.join(default_groups, on="group", how="semi"), on="rank")
-               .select("rank", "pg_id", "group", "_st"))
+               .select("rank", "pg_id", "group", "_st", "_fin"))
     # (and never another group's, even where the default group is not known: none of its entries is left)
     keys = keys.filter(pl.col("pg_id") != 0)
     groups = groups.join(default, on=["rank", "group"], how="anti")
-    one_each = (keys.group_by("rank").agg(pl.len().alias("_k"), pl.col("_st").first())
+    one_each = (keys.group_by("rank").agg(pl.len().alias("_k"), pl.col("_st").first(), pl.col("_fin").first())
                 .join(groups.group_by("rank").agg(pl.len().alias("_g"), pl.col("group").first()), on="rank")
                 .filter((pl.col("_k") == 1) & (pl.col("_g") == 1)))
     # Else by the key the group's other members use for it (processes make their groups in one order: a group's
@@ -310,7 +323,7 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
     # members with the same local ids as the rank count: where some ranks are in an extra group (a first stage's
     # embedding group), the ids after it shift, and a peer's id for the group is another group's on this rank.
     left = groups.join(one_each, on="rank", how="anti").join(candidates, on=["group", "rank"], how="semi")
-    by_peers = one_each.clear().select("rank", "group", "_st")
+    by_peers = one_each.clear().select("rank", "group", "_st", "_fin")
     if left.height:
         ids = pg_status.group_by("rank").agg(pl.col("pg_id").sort().alias("_ids"))
         used = (entries.lazy().filter(pl.col("group").is_in(left["group"].unique().implode()))
@@ -321,14 +334,14 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
                     .filter(pl.len().over("rank", "group") == 1))
         by_peers = (peer_key.join(keys, on=["rank", "pg_id"])
                     .filter(pl.len().over("rank", "pg_id") == 1)
-                    .select("rank", "group", "_st"))
+                    .select("rank", "group", "_st", "_fin"))
     # (a rank none of whose counters can be checked against its entries is taken at its word; one whose
     # counters contradict its entries somewhere is not)
-    paired = (pl.concat([default.select("rank", "group", "_st"), one_each.select("rank", "group", "_st"), by_peers])
+    paired = (pl.concat([frame.select("rank", "group", "_st", "_fin") for frame in (default, one_each, by_peers)])
               .join(agrees.filter(~pl.col("_agrees")), on="rank", how="anti")
               .join(candidates, on=["group", "rank"], how="semi"))
-    return conform(paired.select("group", "rank", pl.when(pl.col("_st") >= 0).then("_st").alias("_st_enq")),
-                   out.schema)
+    return conform(paired.select("group", "rank", pl.when(pl.col("_st") >= 0).then("_st").alias("_st_enq"),
+                                 pl.when(pl.col("_fin") >= 0).then("_fin").alias("_st_fin")), out.schema)
 
 
 # ---------------------------------------------------------------------------------------------- collectives

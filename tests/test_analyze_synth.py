@@ -702,17 +702,23 @@ def test_gloo_a_crashed_rank_with_no_host_known_is_named_beside_its_waiting_pipe
     assert culprits(report)[0] == truth["ranks"] == [2], report.summary
 
 
-@pytest.mark.parametrize("layout, fault, keep, want", [
+@pytest.mark.parametrize("layout, fault, keep, want, keeps_none_of_the_stuck_group", [
     # the link's own end: rank 2, alone on node00002, cut before its stuck dp all_reduce
     (dict(tp=2, pp=1, dp=2, ranks_per_host=1),
      synth.Fault(kind="dead_link", rank=0, phase="dp", hosts=("node00000", "node00002")), (2, 0.6),
-     ([], [], [["node00000", "node00002"]])),
+     ([], [], [["node00000", "node00002"]]), False),
     # a bystander in the stuck world all_reduce (sweep seed 7, job 86: 'rank 3 left a dump cut short, and 95 ranks
     # wait on it'), now read as in flight on every member
     (dict(tp=2, pp=1, dp=4, ranks_per_host=2),
-     synth.Fault(kind="dead_link", rank=0, phase="dp", hosts=("node00000", "node00003")), (3, 0.6), None),
+     synth.Fault(kind="dead_link", rank=0, phase="dp", hosts=("node00000", "node00003")), (3, 0.6), None, False),
+    # a bystander cut before any of its world-group entries (sweep seed 7, job 24: 'rank 47 left a dump cut
+    # short, and 63 ranks wait on it'): only the default group's local id, 0, ties its pg_status to the group
+    (dict(tp=8, pp=4, dp=2, ranks_per_host=2, version="2.10", timing=False),
+     synth.Fault(kind="dead_link", rank=38, phase="p2p", step=1, hosts=("node00019", "node00031")), (47, 0.6), None,
+     True),
 ])
-def test_a_cut_dumps_pg_status_says_it_joined_the_stuck_collective(make_job, layout, fault, keep, want):
+def test_a_cut_dumps_pg_status_says_it_joined_the_stuck_collective(make_job, layout, fault, keep, want,
+                                                                   keeps_none_of_the_stuck_group):
     """A dump cut short loses its newest entries, but its pg_status (written before them) survives: NCCL's
     counter says the rank enqueued the collective the others are stuck in. It joined: nobody waits on it, and
     it is a member of the stuck collective for group testing."""
@@ -723,6 +729,9 @@ def test_a_cut_dumps_pg_status_says_it_joined_the_stuck_collective(make_job, lay
         report = analyze(out, use_cache=False)
     cut = report.matching.progress.filter(pl.col("rank") == keep[0])
     assert cut["status_enqueued"].drop_nulls().len() > 0 and not cut["has_dump"].any()
+    kept = report.trace.entries.filter(pl.col("rank") == keep[0])["group"].unique()
+    stuck = report.matching.collectives.filter(pl.col("status") == "in_flight")["group"].unique()
+    assert stuck.is_in(kept.implode()).any() != keeps_none_of_the_stuck_group
     assert not [f for f in report.findings if f.kind == "missing_dump" and f.role == "root_cause"], report.summary
     if want is None:
         assert report.verdict == "inconclusive" and "in flight on every member" in report.summary, report.summary
