@@ -47,9 +47,10 @@ def stuck_tests(m: Matching) -> pl.DataFrame:
     coll_ranks = (m.units.lazy().select("group", "collective_seq_id", "rank")
                   .join(colls.lazy(), on=["group", "collective_seq_id"], how="semi").collect())
     # and members whose dump was cut short before that entry, though their pg_status says they enqueued it and
-    # did not complete it (`progress.status_enqueued`): a rank alone on its host is that host's only witness
-    cut = (m.progress.filter(pl.col("status_enqueued").is_not_null()).join(colls, on="group")
-           .filter((pl.col("status_enqueued") >= pl.col("collective_seq_id"))
+    # did not complete it (`progress.enqueued_at_least`, NCCL's counter where it passed its entries kept): a rank
+    # alone on its host is that host's only witness
+    cut = (m.progress.filter(pl.col("enqueued_at_least").is_not_null()).join(colls, on="group")
+           .filter((pl.col("enqueued_at_least") >= pl.col("collective_seq_id"))
                    & ~(pl.col("last_completed") >= pl.col("collective_seq_id")).fill_null(False))
            .select("group", "collective_seq_id", "rank"))
     coll_ranks = pl.concat([coll_ranks, cut.cast(coll_ranks.schema)])

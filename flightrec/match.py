@@ -235,7 +235,8 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
         members.join(per, on=["group", "rank"], how="left")
         .join(rank_info, on="rank", how="left")
         .join(rolled_out, on=["group", "rank"], how="left")
-        .with_columns(pl.col("has_dump").fill_null(False), pl.col("tracks_completion").fill_null(False))
+        .with_columns(pl.col("has_dump").fill_null(False), pl.col("tracks_completion").fill_null(False),
+                      pl.col("last_enqueued").alias("_kept"))
         .with_columns(
             pl.when(pl.col("_unknown").fill_null(False)).then(None)
             .when(pl.col("last_enqueued").is_not_null()).then("last_enqueued")
@@ -262,16 +263,45 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
             .otherwise("last_completed").alias("last_completed"),
         )
         .with_columns(pl.col("last_enqueued").max().over("group").alias("frontier"))
-        .with_columns((pl.col("frontier") - pl.col("last_enqueued")).alias("behind"),
-                      # (its pg_status was written with the rest of the dump, before the entries: a cut keeps
-                      # it. Its enqueued counter is the collectives' only where the recorder is NCCL's and the
-                      # group has no sends or receives, as above)
-                      # (where the cut left no entry of the group, the counter `_rolled_out_status` read)
-                      pl.when(pl.col("_unknown").fill_null(False) & pl.col("tracks_completion"))
-                      .then(pl.coalesce(pl.when(~pl.col("_has_p2p").fill_null(True)).then("_st_last"), "_st_enq"))
-                      .alias("status_enqueued"))
+    )
+    out = out.with_columns(_moved_on(out, trace_entries))
+    out = (
+        out.with_columns(
+            (pl.col("frontier") - pl.col("last_enqueued")).alias("behind"),
+            # How far a member whose dump can't say (none, or cut short) got at least. A collective
+            # completes only once every member joined it: so far as any member completed it, where
+            # that is proof (`_moved_on`). A cut dump also shows its newest entry kept, and its
+            # pg_status, written with the rest of the dump before the entries (a cut keeps it). Its
+            # enqueued counter is the collectives' only where the recorder is NCCL's and the group has
+            # no sends or receives, as above; where the cut left no entry of the group, the counter
+            # `_rolled_out_status` read.
+            pl.when(~pl.col("has_dump"))
+            .then(pl.max_horizontal(
+                pl.col("last_completed").filter(pl.col("tracks_completion") | pl.col("_moved_on"))
+                .max().over("group"),
+                pl.when(pl.col("_unknown").fill_null(False)).then("_kept"),
+                pl.when(pl.col("_unknown").fill_null(False) & pl.col("tracks_completion")).then(pl.coalesce(
+                    pl.when(~pl.col("_has_p2p").fill_null(True)).then("_st_last"), "_st_enq"))))
+            .alias("enqueued_at_least"))
     )
     return conform(out, PROGRESS).sort("group", "rank")
+
+
+def _moved_on(prog: pl.DataFrame, entries: pl.DataFrame) -> pl.Expr:
+    """`_moved_on`: a Gloo member whose newest entry is in another group. Gloo's counters count a collective that
+    failed (a member never came, the timeout fired) as finished, so its completion proves every member joined
+    only where the rank went on to other work after it: a failed collective raises in the caller. (NCCL's
+    completed state is proof itself.) Read only where some member lacks a dump beside a Gloo member."""
+    gloo_with_lost = prog.lazy().group_by("group").agg(
+        ((~pl.col("has_dump")).any() & (pl.col("has_dump") & ~pl.col("tracks_completion")).any()).alias("_x")
+    ).filter("_x").select("group").collect()
+    if gloo_with_lost.height == 0:
+        return pl.lit(False).alias("_moved_on")
+    last = (entries.lazy().select(pl.col("rank").set_sorted(), "group").group_by("rank")
+            .agg(pl.col("group").last().alias("_newest")).collect())
+    newest = prog.select("rank").join(last, on="rank", how="left", maintain_order="left")["_newest"]
+    return (pl.col("has_dump") & pl.col("last_completed").is_not_null()
+            & (pl.lit(newest) != pl.col("group")).fill_null(False)).alias("_moved_on")
 
 
 def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.DataFrame, p2p_groups: pl.DataFrame,

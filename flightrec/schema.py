@@ -168,9 +168,10 @@ PROGRESS = pl.Schema({
     "frontier": pl.Int64,              # the furthest any member got in this group
     "behind": pl.Int64,                # frontier - last_enqueued
     "pending_seq": pl.Int64,           # first collective this rank enqueued and has not completed (NCCL)
-    # a dump cut short: the newest collective its pg_status says it enqueued here (NCCL, groups without sends
-    # and receives), though its entries that far were cut: it joined what the others wait in up to there
-    "status_enqueued": pl.Int64,
+    # a member whose dump can't say how far it got (none, or cut short): the newest collective it provably
+    # enqueued here, as a member completed it (all joined), by its newest entry kept or (NCCL, groups without
+    # sends and receives) its pg_status counter: it joined what the others wait in up to there
+    "enqueued_at_least": pl.Int64,
 })
 
 COLLECTIVES = pl.Schema({

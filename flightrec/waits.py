@@ -119,9 +119,9 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
     # wait in, and is idle, not waiting (it was hidden behind the missing dump). (Gloo counts failed work as
     # finished: at the frontier, a collective that failed because the missing rank died still counts.)
     lost_members = _lost_members(prog, groups)
-    # (not a member whose cut dump's pg_status says it enqueued the group's frontier: it joined all the others
-    # can wait in, and a collective it is in with everyone is stuck below them, `locate`)
-    absent = prog.filter(~pl.col("has_dump") & ~(pl.col("status_enqueued") >= pl.col("frontier")).fill_null(False)
+    # (not a member whose cut dump shows it enqueued the group's frontier, by an entry kept or its pg_status: it
+    # joined all the others can wait in, and a collective it is in with everyone is stuck below them, `locate`)
+    absent = prog.filter(~pl.col("has_dump") & ~(pl.col("enqueued_at_least") >= pl.col("frontier")).fill_null(False)
                          ).select("group", "rank")
     has_missing = pl.concat([absent.select("group"), lost_members.select("group")]).unique()
     last = (_last_group_per_rank(entries) if has_missing.height

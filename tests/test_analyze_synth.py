@@ -670,6 +670,30 @@ def test_gloo_lost_dumps_in_groups_of_guessed_members_hold_no_live_culprit(make_
     assert culprits(report)[0] == truth["ranks"] == [culprit], report.summary
 
 
+@pytest.mark.parametrize("per_host, lost, keep", [
+    (4, (6,), None),        # a bystander's dump deleted: 'rank 6 left no dump, and 7 ranks wait on it'
+    (2, (6, 7), None),      # a bystander host's: 'host node00003 is down'
+    (4, (6,), 0.7),         # cut after its first world all_reduce, before the second (sweep seed 7, job 103)
+])
+def test_gloo_a_lost_dump_in_a_collective_a_member_completed_holds_no_one(make_job, per_host, lost, keep):
+    """Rank 1 never joins its tp all_gather and stops after the world all_reduce before it, which its pg_status
+    says finished. Gloo records no states: rank 1's last entry, in the world group, reads as where it waits,
+    on the members whose dump is lost or cut. But a collective completes only once every member joined it: so
+    far, the lost ones got at least (`progress.enqueued_at_least`), and rank 1, held by no one, is named."""
+    job = _gloo(4, 1, 2, per_host, synth.Fault(kind="not_joined", rank=1, phase="tp", step=2))
+    out, truth = make_job(job, per_host_folders=True)
+    for rank in lost:
+        _damage(out, rank, keep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (a cut file's)
+        report = analyze(out, use_cache=False)
+    world = report.matching.progress.filter(pl.col("group").cast(pl.String) == "0")
+    lost_rows = world.filter(pl.col("rank").is_in(list(lost)))
+    assert not lost_rows["has_dump"].any()
+    assert (lost_rows["enqueued_at_least"] == world.filter(pl.col("rank") == 1)["last_completed"].item()).all()
+    assert culprits(report)[0] == truth["ranks"] == [1], report.summary
+
+
 def test_a_lone_mismatch_is_settled_only_by_whole_peer_groups_two_at_least(make_job):
     """A dp size mismatch by rank 3 in a job of two dp groups, ranks 1 and 2 lost: each group holds one member
     and each read as the lone one against the other, naming live rank 0 too. Two peer groups must agree, one
@@ -728,7 +752,7 @@ def test_a_cut_dumps_pg_status_says_it_joined_the_stuck_collective(make_job, lay
         warnings.simplefilter("ignore")   # (the cut file's)
         report = analyze(out, use_cache=False)
     cut = report.matching.progress.filter(pl.col("rank") == keep[0])
-    assert cut["status_enqueued"].drop_nulls().len() > 0 and not cut["has_dump"].any()
+    assert cut["enqueued_at_least"].drop_nulls().len() > 0 and not cut["has_dump"].any()
     kept = report.trace.entries.filter(pl.col("rank") == keep[0])["group"].unique()
     stuck = report.matching.collectives.filter(pl.col("status") == "in_flight")["group"].unique()
     assert stuck.is_in(kept.implode()).any() != keeps_none_of_the_stuck_group
