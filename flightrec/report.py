@@ -11,6 +11,7 @@ from typing import Any
 
 from .load import format_ranks
 from .schema import REPORT_VERSION
+from .topology import NO_HOSTS_HINT
 
 ROLES = ("root_cause", "symptom", "warning")
 VERDICT_EXIT_CODES = {"healthy": 0, "fault": 1, "inconclusive": 1}
@@ -169,6 +170,8 @@ class Report:
             sc = self.scope
             text += (f"; scope: --pg {sc['pg']}, {sc['groups']} of {sc['of_groups']} groups (ranks can be waiting in "
                      "the others)")
+        if d.host_source == "none" and d.world_size > 1:
+            text += f"; {NO_HOSTS_HINT}"
         if d.host_source == "ranks per host":
             text += ("; host names are numbered from --ranks-per-host (host<k> holds the k-th run of ranks), not "
                      "read from the job: map them to real hosts before draining")

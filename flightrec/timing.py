@@ -22,7 +22,7 @@ import polars as pl
 from . import echoes, lookup, unfelt
 from .match import Matching
 from .schema import P2P_OPS, WATCHDOG_POLL_MS
-from .topology import Topology
+from .topology import NO_HOSTS_HINT, Topology
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -617,6 +617,8 @@ def lateness_table(result: TimingResult, top: int = 20, late_joins: list | None 
                  .select("host", pl.col("ranks").list.len().alias("n_ranks"), pl.col("median_late_ms").round(2),
                          pl.col("threshold_ms").round(2), pl.col("clock_offset_ms").round(2), "straggler", "echo"))
         parts += ["", "Hosts:", text_table(hosts)]
+    elif result.per_rank["host"].null_count() == result.per_rank.height and result.per_rank.height > 1:
+        parts += ["", f"Hosts: {NO_HOSTS_HINT}"]
     if result.per_rank["echo"].any() or result.per_host["echo"].any():
         parts += ["", "echo: late enough to be named, but it only waits on a straggler (a pipeline neighbour, the "
                   "straggler's peers, a slow link): not named"]

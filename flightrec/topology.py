@@ -18,6 +18,11 @@ import polars as pl
 
 from .errors import HostMapError
 
+# Said wherever hosts would be judged and none is known (a flat folder of dumps, no hosts file). Ranks on one
+# host wait on each other at the same pace: without placement a host late as a whole reads on time rank by rank.
+NO_HOSTS_HINT = ("hosts unknown: pass --hosts FILE or --ranks-per-host N (or keep one folder per host) to judge "
+                 "hosts, links and whole-host stragglers")
+
 
 @dataclass(frozen=True)
 class Topology:

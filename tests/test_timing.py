@@ -50,6 +50,23 @@ def test_straggler_host(make_job):
     assert finding.evidence["clock_offset_ms"] == 0
 
 
+def test_a_flat_folder_says_hosts_are_not_judged(make_job):
+    """A host 150 ms late on every collective, its dumps in one flat folder and no host map: its ranks wait on
+    each other at the same pace, so rank by rank they read on time, and the job reads healthy. The report and
+    the timing table say hosts were not judged and how to give them; with --ranks-per-host the host is named."""
+    fault = synth.Fault(kind="straggler_host", hosts=("node00001",))
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2, fault=fault))
+    flat = analyze(out)
+    assert flat.dumps.host_source == "none" and not _timing_findings(flat)
+    assert "hosts unknown: pass --hosts FILE or --ranks-per-host N" in flat.to_text().splitlines()[2]
+    table = CliRunner().invoke(main, ["timing", str(out), "-q"]).output
+    assert "Hosts: hosts unknown" in table
+    placed = analyze(out, ranks_per_host=2)
+    assert _timing_findings(placed) == [("straggler", [2, 3], ["host1"], [])]
+    assert "hosts unknown" not in placed.to_text() + CliRunner().invoke(
+        main, ["timing", str(out), "-q", "--ranks-per-host", "2"]).output
+
+
 def test_a_late_host_without_completion_times_is_not_said_to_have_its_clock_corrected(make_job):
     """Without completion times (Gloo records none) a host whose clock runs ahead can't be told from a late
     one, and the finding says so instead of "clock offset removed". (A synthetic straggler host, its dumps'
