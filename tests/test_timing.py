@@ -388,6 +388,33 @@ def test_a_slow_link_whose_ends_are_not_stragglers_is_still_named(make_job):
     assert _timing_findings(report) == [("slow_link", [], [], [["node00008", "node00010"]])]
 
 
+@pytest.mark.parametrize("late_hosts, want", [
+    (["node00008", "node00010"], [("node00008", "node00010")]),   # both ends hold a late rank: the link
+    (["node00008", "node00003"], []),   # one end of the slow pair, and a host of no slow pair
+    (["node00008"], []),                # one late host: its sends and receives are not read
+    (["node00003", "node00005"], []),   # late hosts whose pairs are not slow
+])
+def test_late_p2p_links_needs_a_late_rank_at_both_ends_of_a_slow_pair(make_job, late_hosts, want):
+    """`echoes.late_p2p_links` on the slow link node00008 <-> node00010 above, with the late ranks chosen: only a
+    pair slow at both ends whose two hosts each hold a late rank is a link (a stage that waits on its own compute
+    is slow to talk to, and late, at one end only)."""
+    from flightrec.echoes import late_p2p_links
+    from flightrec.topology import resolve
+
+    fault = synth.Fault(kind="slow_link", rank=8, hosts=("node00008", "node00010"), step=1, delay_ms=1000.0)
+    job = synth.Job(tp=2, pp=4, dp=2, steps=6, microbatches=4, ranks_per_host=1, version="2.4", timing=True,
+                    seed=662949, fault=fault)
+    out, _ = make_job(job, per_host_folders=True)
+    trace = load(out)
+    topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts)
+    opts = TimingOptions()
+    per_rank = topo.frame().select(
+        "rank", "host", pl.lit(10).alias("n"),
+        pl.when(pl.col("host").cast(pl.String).is_in(late_hosts)).then(500.0).otherwise(1.0).alias("median_late_ms"))
+    found = late_p2p_links(per_rank, trace.entries, topo, 20.0, opts)
+    assert sorted(tuple(sorted(pair)) for pair in found.select("a", "b").iter_rows()) == want
+
+
 def test_clock_offset_is_not_a_straggler(make_job):
     report = _run(make_job, "clock_offset", hosts=("node00001",))
     assert _timing_findings(report) == []
