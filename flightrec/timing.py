@@ -67,6 +67,9 @@ class TimingResult:
     # without them, ranks and hosts late on most collectives whose peers never waited for them ("rank 5",
     # "host node3" -> median ms late): their clock runs ahead (`unfelt`); not stragglers
     clock_ahead: dict = field(default_factory=dict)
+    # what tells them: "next entries" (peers went on at once: `unfelt.unfelt`, no completion times) or
+    # "completions" (they complete as late: `unfelt.completed_late`, no host placement)
+    clock_ahead_by: str = "next entries"
 
 
 _P2P_OPS = [*P2P_OPS, "coalesced"]   # (coalesced: the entry that closes a batch_isend_irecv)
@@ -397,6 +400,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     per_rank, per_host, threshold = stragglers(late, host_ids, opts, skewed=(offsets["clock_offset_ms"] != 0).any())
     clocks_known = offsets.height == host_ids.height
     ahead: dict[str, float] = {}
+    clock_evidence = "next entries"
     if (units["time_completed_ns"].null_count() == units.height
             and (per_rank["straggler"].any() or per_host["straggler"].any())):
         # No completion times at all (Gloo, whose collectives also hold their callers until done: `unfelt`):
@@ -410,6 +414,15 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
         cleared_hosts = [k.split(" ", 1)[1] for k in ahead if k.startswith("host ")]
         per_rank = per_rank.with_columns(pl.col("straggler") & ~pl.col("rank").is_in(cleared_ranks))
         per_host = per_host.with_columns(pl.col("straggler") & ~pl.col("host").is_in(cleared_hosts))
+    elif host_ids.height == 0 and per_rank["straggler"].any():
+        # No host known (a flat folder of dumps): offsets are estimated per host, so none was removed, and a rank
+        # whose host clock runs ahead reads as late. Its completion times tell (`unfelt.completed_late`).
+        suspects = {f"rank {r}": [r] for r in per_rank.filter(pl.col("straggler"))["rank"].to_list()}
+        ahead = unfelt.completed_late(suspects, units.select("group", "collective_seq_id", "rank",
+                                                              "time_completed_ns"), late, threshold)
+        clock_evidence = "completions"
+        cleared_ranks = [int(k.split(" ", 1)[1]) for k in ahead]
+        per_rank = per_rank.with_columns(pl.col("straggler") & ~pl.col("rank").is_in(cleared_ranks))
     flagged = (per_rank.select("rank", pl.col("straggler").alias("_flagged")),
                per_host.select("host", pl.col("straggler").alias("_flagged")))
     late = late.clone()
@@ -444,7 +457,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
                         slow_groups=speeds.filter(pl.col("slow")).drop("slow"), slow_hosts=slow_hosts,
                         slow_links=slow_links, threshold_ms=threshold, slow_p2p_links=slow_p2p,
-                        clocks_known=clocks_known, clock_ahead=ahead)
+                        clocks_known=clocks_known, clock_ahead=ahead, clock_ahead_by=clock_evidence)
 
 
 def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list:
@@ -501,7 +514,12 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
             kind="clock_offset", role="warning", ranks=ranks, hosts=[] if what == "rank" else [name],
             message=(f"{label} reads {ms:,.0f} ms late on its collectives (median), yet none of its peers waits for it "
                      "(their next entry comes as soon as ever): not a straggler, the clocks disagree (its host's runs "
-                     "ahead, or its peers' run behind). These dumps have no completion times to align clocks by"),
+                     "ahead, or its peers' run behind). These dumps have no completion times to align clocks by"
+                     if result.clock_ahead_by == "next entries" else
+                     f"{label} reads {ms:,.0f} ms late on its collectives (median), and its completions read as "
+                     "late, though a collective ends at one instant on every member: not a straggler, its host's "
+                     "clock runs ahead (or its peers' run behind). With no host placement known, no clock offset "
+                     "was estimated to remove"),
             evidence={"median_late_ms": round(ms, 3), "threshold_ms": round(result.threshold_ms, 3)},
         ))
     if result.slow_groups.height:

@@ -9,11 +9,18 @@ on to their next entry as soon as ever. Each flagged rank or host is checked on 
 in: the other members' gap to their next entry (on their own clock) against how late it was. Where the gaps
 are long anyway (compute between collectives, sends and receives Gloo doesn't record), the check clears
 nothing: the flag stays.
+
+With completion times but no host placement (a flat folder of dumps), offsets can't be estimated per host
+either, and a rank whose host clock runs ahead reads as late the same way. There the completion times tell:
+a collective ends at one instant on every member, so a rank whose completions read as late as its enqueues,
+on the collectives it was late in, is late by its clock only (`completed_late`).
 """
 
 from __future__ import annotations
 
 import polars as pl
+
+from .schema import WATCHDOG_POLL_MS
 
 # peers "felt" the lateness when their gap to their next entry is at least this fraction of it
 FELT_FRACTION = 0.5
@@ -49,3 +56,33 @@ def unfelt(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFram
     unfelt_labels = waited.filter(pl.col("_felt") < 0.5)["_label"].to_list()
     lateness = dict(mine.group_by("_label").agg(pl.col("_late").median()).iter_rows())
     return {label: float(lateness[label]) for label in unfelt_labels}
+
+
+def completed_late(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFrame,
+                   threshold: float) -> dict[str, float]:
+    """Of the `flagged` ranks (label -> its ranks), those whose completion times run as late as their enqueue
+    times: label -> the median lateness (ms), which is their clock's. `units`: the timing window (group,
+    collective_seq_id, rank, time_completed_ns); `late`: lateness per member (group, collective_seq_id, rank,
+    late_ms). On each collective the rank was late in, its completion against the other members' median: the
+    watchdog stamps completions up to a poll late, so a clock ahead reads at least a poll ahead there, and no
+    more than a poll short of the lateness. A real straggler's completion is its peers' (within a poll)."""
+    if not flagged:
+        return {}
+    key = ["group", "collective_seq_id"]
+    labels = pl.DataFrame([(label, r) for label, ranks in flagged.items() for r in ranks],
+                          schema={"_label": pl.String, "rank": pl.Int64}, orient="row")
+    done = units.lazy().select(*key, "rank", "time_completed_ns").filter(pl.col("time_completed_ns").is_not_null())
+    mine = (late.lazy().select(*key, "rank", "late_ms").join(labels.lazy(), on="rank")
+            .filter(pl.col("late_ms") >= threshold)
+            .join(done, on=[*key, "rank"]))
+    others = (done.join(mine.select(*key, "_label").unique(), on=key)
+              .join(labels.lazy(), on=["_label", "rank"], how="anti")
+              .group_by("_label", *key).agg(pl.col("time_completed_ns").median().alias("_others")))
+    ahead = (mine.join(others, on=["_label", *key])
+             .with_columns(((pl.col("time_completed_ns") - pl.col("_others")) / 1e6).alias("_ahead"))
+             .group_by("_label").agg(
+                 ((pl.col("_ahead") > WATCHDOG_POLL_MS) & (pl.col("_ahead") >= pl.col("late_ms") - WATCHDOG_POLL_MS))
+                 .mean().alias("_clock"),
+                 pl.col("late_ms").median().alias("_late"))
+             .filter(pl.col("_clock") >= 0.5).collect())
+    return {label: float(ms) for label, _, ms in ahead.iter_rows()}
