@@ -418,7 +418,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
         # No host known (a flat folder of dumps): offsets are estimated per host, so none was removed, and a rank
         # whose host clock runs ahead reads as late. Its completion times tell (`unfelt.completed_late`).
         suspects = {f"rank {r}": [r] for r in per_rank.filter(pl.col("straggler"))["rank"].to_list()}
-        ahead = unfelt.completed_late(suspects, units.select("group", "collective_seq_id", "rank",
+        ahead = unfelt.completed_late(suspects, units.select("group", "collective_seq_id", "rank", "time_created_ns",
                                                               "time_completed_ns"), late, threshold)
         clock_evidence = "completions"
         cleared_ranks = [int(k.split(" ", 1)[1]) for k in ahead]

@@ -62,22 +62,27 @@ def completed_late(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.
                    threshold: float) -> dict[str, float]:
     """Of the `flagged` ranks (label -> its ranks), those whose completion times run as late as their enqueue
     times: label -> the median lateness (ms), which is their clock's. `units`: the timing window (group,
-    collective_seq_id, rank, time_completed_ns); `late`: lateness per member (group, collective_seq_id, rank,
-    late_ms). On each collective the rank was late in, its completion against the other members' median: the
-    watchdog stamps completions up to a poll late, so a clock ahead reads at least a poll ahead there, and no
-    more than a poll short of the lateness. A real straggler's completion is its peers' (within a poll)."""
+    collective_seq_id, rank, time_created_ns, time_completed_ns); `late`: lateness per member (group,
+    collective_seq_id, rank, late_ms). On each collective the rank was late in, its completion is read against
+    that of the member it is late against (the first to enqueue). The watchdog stamps completions up to a poll
+    late, so where the two clocks differ (its own ahead, or the first member's behind) it reads at least a poll
+    ahead, and no more than a poll short of the lateness. A real straggler's completion is its peers' (within a
+    poll)."""
     if not flagged:
         return {}
     key = ["group", "collective_seq_id"]
     labels = pl.DataFrame([(label, r) for label, ranks in flagged.items() for r in ranks],
                           schema={"_label": pl.String, "rank": pl.Int64}, orient="row")
-    done = units.lazy().select(*key, "rank", "time_completed_ns").filter(pl.col("time_completed_ns").is_not_null())
+    done = (units.lazy().select(*key, "rank", "time_created_ns", "time_completed_ns")
+            .filter(pl.col("time_completed_ns").is_not_null()))
     mine = (late.lazy().select(*key, "rank", "late_ms").join(labels.lazy(), on="rank")
             .filter(pl.col("late_ms") >= threshold)
             .join(done, on=[*key, "rank"]))
     others = (done.join(mine.select(*key, "_label").unique(), on=key)
               .join(labels.lazy(), on=["_label", "rank"], how="anti")
-              .group_by("_label", *key).agg(pl.col("time_completed_ns").median().alias("_others")))
+              # (the completion of the member it is late against: the first to enqueue, on its own clock)
+              .group_by("_label", *key).agg(pl.col("time_completed_ns").sort_by("time_created_ns").first()
+                                            .alias("_others")))
     ahead = (mine.join(others, on=["_label", *key])
              .with_columns(((pl.col("time_completed_ns") - pl.col("_others")) / 1e6).alias("_ahead"))
              .group_by("_label").agg(
