@@ -1,7 +1,7 @@
 """Correctness sweep: random synthetic jobs with one injected fault each, some with innocent dumps lost or cut
 short, analysed and scored against the generator's ground truth.
 
-    python -m bench.sweep [--jobs 200] [--seed 0] [--workers 2] [--out sweep.jsonl]
+    python -m bench.sweep [--jobs 200] [--seed 0] [--workers 2] [--out sweep.jsonl] [--no-hosts]
 
 Each job draws a 3D layout (tp 1-8, pp 1-4, dp 2-8, up to 128 ranks; 1-8 ranks a host), a fault (hangs:
 host_down, dead_link, nic_down, not_joined, type/dtype/size mismatch; timing: straggler, straggler_host, slow_link,
@@ -18,6 +18,10 @@ missed (a timing fault not seen); unseeable (a slow link not seen that no group 
 group of each kind it slows is slowed, the world group alone for instance, and no send or receive it slows is
 recorded); WRONG (a wrong culprit, a fault called healthy, a healthy job called
 faulty); ERROR (an exception: a bug). Prints the table by fault kind and by damage.
+
+With `--no-hosts` every job's dumps are one flat folder with no host map: only ranks are scored, and a link,
+a NIC, a slow link or a whole host late as one (a tensor-parallel group inside it waits on itself at one pace)
+scores unseeable unless a wrong rank is named.
 """
 
 from __future__ import annotations
@@ -105,7 +109,9 @@ def run(case: dict, workdir: str) -> dict:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             report = analyze(out, use_cache=False, **options)
-        result, why = score(case["fault"]["kind"], truth, report, damaged)
+        if case["hosts"] == "none" and case["fault"]["kind"] == "straggler_host":   # (scored by its ranks)
+            truth = dict(truth, ranks=[r for r in range(job.world_size) if job.host_of(r) in truth["hosts"]])
+        result, why = score(case["fault"]["kind"], truth, report, damaged, hosts_known=case["hosts"] != "none")
         if result == "missed" and case["fault"]["kind"] == "slow_link" and not _comparable(job):
             result, why = "unseeable", "every group the link slows has no peer group it doesn't slow"
         return dict(case, result=result, why=why, summary=report.summary[:300], damaged=damaged,
@@ -144,9 +150,11 @@ def _damage(out: Path, job: synth.Job, truth: dict, case: dict) -> list[int]:
     return chosen
 
 
-def score(kind: str, truth: dict, report, damaged: list[int]) -> tuple[str, str]:
+def score(kind: str, truth: dict, report, damaged: list[int], hosts_known: bool = True) -> tuple[str, str]:
     """(result, why) against the generator's truth; host names compared by their number (the hosts file and
-    --ranks-per-host name them differently)."""
+    --ranks-per-host name them differently). Without `hosts_known` (`--no-hosts`) only ranks are scored."""
+    if not hosts_known:
+        return _score_ranks(kind, truth, report, damaged)
     def numbers(hosts):
         return sorted(int(re.search(r"(\d+)$", h).group(1)) for h in hosts)
 
@@ -198,6 +206,37 @@ def score(kind: str, truth: dict, report, damaged: list[int]) -> tuple[str, str]
     return ("partial", "") if target in found else ("WRONG", f"named {stragglers} {slow}")
 
 
+def _score_ranks(kind: str, truth: dict, report, damaged: list[int]) -> tuple[str, str]:
+    """`score` for dumps with no host placement: a link, a NIC, a slow link or a whole host late as one can't be
+    named (the report says hosts are unknown), so those score `unseeable` unless a wrong rank is named."""
+    ranks = report.culprits["ranks"]
+    wrong_roots = [f for f in report.root_causes if not set(f.ranks) <= set(damaged)]
+    if kind in HANGS:
+        if report.verdict == "healthy":
+            return "WRONG", "called healthy"
+        if kind in ("dead_link", "nic_down"):
+            return ("WRONG", f"named ranks {ranks}") if wrong_roots else ("unseeable", "a link needs hosts")
+        if report.verdict == "inconclusive":
+            return "inconclusive", ""
+        if ranks == truth["ranks"]:
+            return "right", ""
+        if any(f.evidence.get("ambiguous") for f in report.root_causes) and set(truth["ranks"]) <= set(ranks):
+            return "ambiguous", "a mismatch no side of which can be blamed (a group of two)"
+        if set(truth["ranks"]) <= set(ranks) and set(ranks) - set(truth["ranks"]) <= set(damaged):
+            return "right+damaged", ""
+        return "WRONG", f"named ranks {ranks}"
+    if wrong_roots:
+        return "WRONG", f"root causes {[(f.kind, f.ranks) for f in wrong_roots]}"
+    named = sorted(r for f in report.findings if f.kind == "straggler" for r in f.ranks)
+    if kind in ("clock_offset", "slow_link"):
+        return ("right" if kind == "clock_offset" else "unseeable", "") if not named else ("WRONG", f"named {named}")
+    if named == truth["ranks"]:
+        return "right", ""
+    if not named:
+        return ("unseeable", "a host late as one needs hosts") if kind == "straggler_host" else ("missed", "")
+    return ("partial", "") if set(truth["ranks"]) <= set(named) else ("WRONG", f"named {named}")
+
+
 def table(rows: list[dict], key) -> str:
     counts = collections.defaultdict(collections.Counter)
     for row in rows:
@@ -217,8 +256,10 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=None, help="write every job's description and result here (JSON lines)")
+    ap.add_argument("--no-hosts", action="store_true",
+                    help="withhold host placement (one flat folder, no hosts file): only ranks are scored")
     args = ap.parse_args(argv)
-    cases = [draw(args.seed, i) for i in range(args.jobs)]
+    cases = [draw(args.seed, i) | ({"hosts": "none"} if args.no_hosts else {}) for i in range(args.jobs)]
     with tempfile.TemporaryDirectory(prefix="flightrec-sweep-") as workdir, \
             ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(run, cases, [workdir] * len(cases)))
