@@ -1,4 +1,4 @@
-"""Lateness nobody waits for: a clock running ahead, not a straggler (for dumps without completion times).
+"""Lateness that is a clock's, not a straggler's, where clocks can't be aligned (no completion times, or no hosts).
 
 Without completion times (Gloo) the hosts' clocks can't be aligned, so a host whose clock runs ahead reads as
 late on every collective it shares with other hosts, exactly as a straggling host does. What tells them apart
