@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import networkx as nx
 import polars as pl
 
-from .match import Matching
+from .match import Matching, last_group_per_rank
 
 WAIT_EDGES = pl.Schema({
     "src": pl.String,        # "r:<rank>" or "g:<group>"
@@ -59,13 +59,6 @@ class Waits:
                     seen.add(pred)
                     stack.append(pred)
         return sorted(int(n[2:]) for n in seen if n.startswith("r:") and int(n[2:]) not in ranks)
-
-
-def _last_group_per_rank(entries: pl.DataFrame) -> pl.DataFrame:
-    """The group of each rank's latest entry. Entries are in (rank, record) order, as `load` leaves them: the
-    rank column flagged sorted, each rank is a slice and its last row the latest (no sort of 31M rows)."""
-    return (entries.lazy().select(pl.col("rank").set_sorted(), "group").group_by("rank")
-            .agg(pl.col("group").last().alias("_last_group")).collect())
 
 
 def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None) -> pl.DataFrame:
@@ -124,7 +117,7 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
     absent = prog.filter(~pl.col("has_dump") & ~(pl.col("enqueued_at_least") >= pl.col("frontier")).fill_null(False)
                          ).select("group", "rank")
     has_missing = pl.concat([absent.select("group"), lost_members.select("group")]).unique()
-    last = (_last_group_per_rank(entries) if has_missing.height
+    last = (last_group_per_rank(entries) if has_missing.height
             else pl.DataFrame(schema={"rank": pl.Int64, "_last_group": entries.schema["group"]}))
     # (in a group whose lost members are only guessed, `_lost_members`, a Gloo rank whose pg_status says all
     # it enqueued there finished is not held there: its last op there completed with whoever its members are)
