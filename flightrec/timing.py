@@ -507,19 +507,16 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
                          if len(kinds) > 1 else {}),
                       **({"tied_with": row["tied_with"]} if row["tied_with"] else {})},
         ))
-    for label, ms in sorted(result.clock_ahead.items()):
+    if result.clock_ahead_by == "completions" and result.clock_ahead:
+        out.append(_clock_from_completions(result))
+    for label, ms in sorted(result.clock_ahead.items() if result.clock_ahead_by == "next entries" else []):
         what, name = label.split(" ", 1)
         ranks = [int(name)] if what == "rank" else sorted(result.per_host.filter(pl.col("host") == name)["ranks"][0])
         out.append(Finding(
             kind="clock_offset", role="warning", ranks=ranks, hosts=[] if what == "rank" else [name],
             message=(f"{label} reads {ms:,.0f} ms late on its collectives (median), yet none of its peers waits for it "
                      "(their next entry comes as soon as ever): not a straggler, the clocks disagree (its host's runs "
-                     "ahead, or its peers' run behind). These dumps have no completion times to align clocks by"
-                     if result.clock_ahead_by == "next entries" else
-                     f"{label} reads {ms:,.0f} ms late on its collectives (median), and its completions read as "
-                     "late, though a collective ends at one instant on every member: not a straggler, its host's "
-                     "clock runs ahead (or its peers' run behind). With no host placement known, no clock offset "
-                     "was estimated to remove"),
+                     "ahead, or its peers' run behind). These dumps have no completion times to align clocks by"),
             evidence={"median_late_ms": round(ms, 3), "threshold_ms": round(result.threshold_ms, 3)},
         ))
     if result.slow_groups.height:
@@ -541,6 +538,30 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
     if result.slow_p2p_links is not None and result.slow_p2p_links.height:
         out += _p2p_findings(result)
     return out
+
+
+def _clock_from_completions(result: TimingResult):
+    """One `clock_offset` warning for every rank `unfelt.completed_late` cleared (no host placement: one host's
+    clock off makes each of its ranks, or each of everyone else's, read late alike)."""
+    from .load import format_ranks
+    from .report import Finding
+
+    by_rank = {int(label.split(" ", 1)[1]): ms for label, ms in result.clock_ahead.items()}
+    ranks = sorted(by_rank)
+    ms = sorted(by_rank.values())[(len(by_rank) - 1) // 2]
+    one = len(ranks) == 1
+    who, reads, its, verdict, runs = (("rank", "reads", "its", "not a straggler", "its runs") if one else
+                                      ("ranks", "read", "their", "not stragglers", "theirs run"))
+    return Finding(
+        kind="clock_offset", role="warning", ranks=ranks,
+        message=(f"{who} {format_ranks(ranks)} {reads} {ms:,.0f} ms late on {its} collectives (median), and {its} "
+                 f"completions read as late, though a collective ends at one instant on every member: {verdict}, the "
+                 f"clocks disagree ({runs} ahead, or the first members' run behind). With no host placement known, "
+                 "no clock offset was estimated to remove"),
+        evidence={"median_late_ms": round(ms, 3), "threshold_ms": round(result.threshold_ms, 3),
+                  **({"median_late_ms_by_rank": {r: round(v, 3) for r, v in sorted(by_rank.items())}}
+                     if not one else {})},
+    )
 
 
 def _lateness_by_group_kind(lateness: pl.DataFrame, ranks: pl.Series, groups: pl.DataFrame) -> dict[int, dict]:
