@@ -203,6 +203,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     # first level below the root where the folders' paths differ: `dumps/node01/tmp/rank_5` is on node01.
     folder_is_host = len(folders) > 1
     host_level = _first_differing_level([Path(f).parts for f in folders]) if folder_is_host else 0
+    lone_host = None if folder_is_host else _lone_host_folder(root, folders, [c[2] for c in candidates])
 
     files = []
     for path, name_prefix, rank, stat in candidates:
@@ -210,8 +211,32 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
         if host is None and folder_is_host:
             parts = path.parent.parts
             host = parts[host_level] if host_level < len(parts) else None
+        host = host or lone_host
         files.append(DumpFile(path=path, rank=rank, host=host, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     return _one_file_per_rank(files)
+
+
+def _lone_host_folder(root: Path, folders: set[str], ranks: list[int]) -> str | None:
+    """The one folder below the root that holds every dump, where it reads as the only host left of a per-host
+    layout (the others, down, wrote nothing): a name ending in the number of the one block of ranks it holds
+    (`node1` holding ranks 8-15, blocks of 8). Else None: `traces/`, or `run2/` holding ranks 0-31, is no host.
+    (A folder that holds the whole job, as `node0/` for a one-host job may, tells no placement: `resolve`
+    drops a single host of every rank.)"""
+    if len(folders) != 1 or not ranks:
+        return None
+    try:
+        parts = Path(next(iter(folders))).relative_to(root).parts
+    except ValueError:
+        return None
+    number = re.match(r"^.*?(\d+)$", parts[0]) if parts else None
+    if number is None:
+        return None
+    low, high = min(ranks), max(ranks)
+    # (blocks as many as its files, or as wide as its ranks' span: a host's lost dumps leave holes)
+    for k in (len(set(ranks)), high - low + 1):
+        if low // k == high // k == int(number.group(1)):
+            return parts[0]
+    return None
 
 
 def _one_file_per_rank(files: list[DumpFile]) -> list[DumpFile]:

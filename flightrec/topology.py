@@ -111,6 +111,10 @@ def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str
             warnings.warn(f"{hosts_file}: names no host for {len(uncovered):,} of the job's {world_size:,} ranks "
                           f"({format_ranks(uncovered)}): findings about them will name no host", stacklevel=2)
         return Topology(host_of, switch_of, "hosts file")
+    # (one host holding every rank tells no placement: the lone folder a whole job's dumps sit in, which
+    # `discover` takes for the one host left of a per-host layout, may as well be a run's)
+    if len(set(from_dumps.values())) == 1 and set(from_dumps) >= set(range(world_size)):
+        from_dumps = {}
     if from_dumps:
         if ranks_per_host:
             warnings.warn(f"--ranks-per-host {ranks_per_host} ignored: the dumps' folders or names say each rank's "

@@ -41,6 +41,20 @@ def test_per_host_folders(tmp_path):
     assert ranks_hosts(discover(tmp_path)) == [(0, "hostA"), (1, "hostB")]
 
 
+@pytest.mark.parametrize("folder, ranks, host", [
+    ("node1", range(8, 16), "node1"),                 # the one host left of two: node0, down, wrote nothing
+    ("node00001/tmp", [8, 9, 10, 11, 12, 13, 15], "node00001"),   # (a lost dump leaves a hole in its block)
+    ("node0", range(0, 8), "node0"),                  # (the whole job, if it is: `resolve` drops one host of all)
+    ("traces", range(8, 16), None),                   # no number: a folder, not a host
+    ("run2", range(0, 32), None),                     # its number is not its block's
+    ("node1", [3, 9], None),                          # ranks of two blocks
+])
+def test_a_lone_folder_is_a_host_where_it_holds_the_block_its_number_says(tmp_path, folder, ranks, host):
+    for r in ranks:
+        touch(tmp_path / folder / f"nccl_trace_rank_{r}")
+    assert {f.host for f in discover(tmp_path)} == {host}
+
+
 def test_explicit_prefix_filters_other_files(tmp_path):
     touch(tmp_path / "fr_0")
     touch(tmp_path / "fr_1")
