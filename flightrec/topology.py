@@ -111,15 +111,16 @@ def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str
             warnings.warn(f"{hosts_file}: names no host for {len(uncovered):,} of the job's {world_size:,} ranks "
                           f"({format_ranks(uncovered)}): findings about them will name no host", stacklevel=2)
         return Topology(host_of, switch_of, "hosts file")
+    filled = _fill_missing_hosts(dict(from_dumps), world_size)
     # (one host holding every rank tells no placement: the lone folder a whole job's dumps sit in, which
     # `discover` takes for the one host left of a per-host layout, may as well be a run's)
-    if len(set(from_dumps.values())) == 1 and set(from_dumps) >= set(range(world_size)):
-        from_dumps = {}
-    if from_dumps:
+    if len(set(filled.values())) == 1 and set(filled) >= set(range(world_size)):
+        filled = {}
+    if filled:
         if ranks_per_host:
             warnings.warn(f"--ranks-per-host {ranks_per_host} ignored: the dumps' folders or names say each rank's "
                           "host (pass --hosts FILE to override them)", stacklevel=2)
-        return Topology(_fill_missing_hosts(dict(from_dumps), world_size), switch_of, "dump names")
+        return Topology(filled, switch_of, "dump names")
     if ranks_per_host:
         if ranks_per_host < 1:
             raise HostMapError("--ranks-per-host must be a positive number of ranks per host")

@@ -91,9 +91,11 @@ def test_a_two_host_job_with_one_host_down_names_it_from_the_one_folder_left(mak
     report, truth = run(make_job, job, per_host_folders=True)
     assert culprits(report) == (truth["ranks"], truth["hosts"], []) and truth["hosts"] == [f"node0000{down // 8}"]
     assert f"host {truth['hosts'][0]} is down" in report.summary
-    healthy, _ = run(make_job, synth.Job(tp=4, pp=2, dp=1, ranks_per_host=8), per_host_folders=True)
-    assert {p.name for p in Path(healthy.trace.root).iterdir() if p.is_dir()} == {"node00000"}
-    assert healthy.dumps.host_source == "none" and healthy.verdict == "healthy"
+    whole, _ = make_job(synth.Job(tp=4, pp=2, dp=1, ranks_per_host=8), per_host_folders=True)
+    assert {p.name for p in whole.iterdir() if p.is_dir()} == {"node00000"}
+    assert analyze(whole).dumps.host_source == "none"
+    _damage(whole, 5)   # (and with one of its dumps lost, the hole filled from the folder's block)
+    assert analyze(whole).dumps.host_source == "none"
 
 
 @pytest.mark.parametrize("kind", ["size_mismatch", "type_mismatch", "dtype_mismatch"])
