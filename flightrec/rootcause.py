@@ -507,7 +507,8 @@ def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) ->
             msg = (f"{ctx.ranks_label(ranks)} {what} and {_n_wait(len(waiting))} "
                    f"on {'it' if len(ranks) == 1 else 'them'} in {', '.join(labels)}")
         out.append(Finding(
-            kind="missing_dump", role="root_cause", message=msg, ranks=ranks,
+            # (a host down is all its ranks, those no one is seen waiting on too: they left no dump either)
+            kind="missing_dump", role="root_cause", message=msg, ranks=sorted(on_host) if whole_host else ranks,
             hosts=[host] if host else [],
             process_group=ctx.groups.get(groups[0]) if len(groups) == 1 else None,
             evidence={"waiting_ranks": len(waiting), "groups": groups, "whole_host_missing": whole_host},

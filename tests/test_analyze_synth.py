@@ -81,15 +81,21 @@ def test_whole_host_down_named_from_per_host_folders(make_job):
     assert culprits(report) == ([8, 9, 10, 11], ["node00002"], [])
 
 
-@pytest.mark.parametrize("down", [0, 9])
-def test_a_two_host_job_with_one_host_down_names_it_from_the_one_folder_left(make_job, down):
+@pytest.mark.parametrize("down, lost", [(0, None), (9, None), (6, 14)])
+def test_a_two_host_job_with_one_host_down_names_it_from_the_one_folder_left(make_job, down, lost):
     """Two hosts of 8 ranks, per-host folders, one host down: its folder was never written, so one folder is
     left, and one folder was read as no host (a run's, maybe): 'ranks 0-7 left no dump', with hosts unknown.
     Its name ends in its block's number: it is the host left, and the other is named down (sweep seed 7, job 88).
-    The dumps of a whole job in one such folder tell no placement (`resolve`)."""
+    The host down is all its ranks, rank 6 too where its dp peer's dump was lost as well (no one is seen waiting
+    on it). The dumps of a whole job in one such folder tell no placement (`resolve`)."""
     job = synth.Job(tp=4, pp=2, dp=2, ranks_per_host=8, fault=synth.Fault(kind="host_down", rank=down))
-    report, truth = run(make_job, job, per_host_folders=True)
+    out, truth = make_job(job, per_host_folders=True)
+    if lost is not None:
+        _damage(out, lost)
+    report = analyze(out)
+    jsonschema.validate(report.to_dict(), SCHEMA)
     assert culprits(report) == (truth["ranks"], truth["hosts"], []) and truth["hosts"] == [f"node0000{down // 8}"]
+    assert truth["ranks"] == list(range(down // 8 * 8, down // 8 * 8 + 8))
     assert f"host {truth['hosts'][0]} is down" in report.summary
     whole, _ = make_job(synth.Job(tp=4, pp=2, dp=1, ranks_per_host=8), per_host_folders=True)
     assert {p.name for p in whole.iterdir() if p.is_dir()} == {"node00000"}
