@@ -46,9 +46,9 @@ def stuck_tests(m: Matching) -> pl.DataFrame:
     # units on the right hashed all 14.6M of them at 16K x 2,000: +1.5 GiB)
     coll_ranks = (m.units.lazy().select("group", "collective_seq_id", "rank")
                   .join(colls.lazy(), on=["group", "collective_seq_id"], how="semi").collect())
-    # and members whose dump was cut short before that entry, though their pg_status says they enqueued it and
-    # did not complete it (`progress.enqueued_at_least`, NCCL's counter where it passed its entries kept): a rank
-    # alone on its host is that host's only witness
+    # and members whose dump doesn't show that entry (cut short before it), though they provably enqueued it
+    # (`progress.enqueued_at_least`: NCCL's counter, where it passed the entries kept) and did not complete it:
+    # a rank alone on its host is that host's only witness
     cut = (m.progress.filter(pl.col("enqueued_at_least").is_not_null()).join(colls, on="group")
            .filter((pl.col("enqueued_at_least") >= pl.col("collective_seq_id"))
                    & ~(pl.col("last_completed") >= pl.col("collective_seq_id")).fill_null(False))

@@ -401,28 +401,27 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     clocks_known = offsets.height == host_ids.height
     ahead: dict[str, float] = {}
     clock_evidence = "next entries"
-    if (units["time_completed_ns"].null_count() == units.height
-            and (per_rank["straggler"].any() or per_host["straggler"].any())):
-        # No completion times at all (Gloo, whose collectives also hold their callers until done: `unfelt`):
-        # no clocks to align, and a rank or host nobody waits on is late by its clock alone.
+    no_completions = units["time_completed_ns"].null_count() == units.height
+    if (no_completions or host_ids.height == 0) and (per_rank["straggler"].any() or per_host["straggler"].any()):
+        # Clocks that can't be aligned make a rank or host late by its clock alone. With no completion times at
+        # all (Gloo, whose collectives also hold their callers until done) nobody waited on it (`unfelt`). With
+        # no host known (a flat folder of dumps) offsets, estimated per host, were not removed, and its
+        # completion times read as late as its enqueues (`unfelt.completed_late`).
         suspects = {**{f"rank {r}": [r] for r in per_rank.filter(pl.col("straggler"))["rank"].to_list()},
                     **{f"host {h}": list(rs) for h, rs in per_host.filter(pl.col("straggler"))
                        .select("host", "ranks").iter_rows()}}
-        ahead = unfelt.unfelt(suspects, units.select("rank", "group", "collective_seq_id", "time_created_ns"),
-                              late, threshold)
+        if no_completions:
+            ahead = unfelt.unfelt(suspects, units.select("rank", "group", "collective_seq_id", "time_created_ns"),
+                                  late, threshold)
+        else:
+            clock_evidence = "completions"
+            ahead = unfelt.completed_late(suspects, units.select("group", "collective_seq_id", "rank",
+                                                                  "time_created_ns", "time_completed_ns"),
+                                          late, threshold)
         cleared_ranks = [int(k.split(" ", 1)[1]) for k in ahead if k.startswith("rank ")]
         cleared_hosts = [k.split(" ", 1)[1] for k in ahead if k.startswith("host ")]
         per_rank = per_rank.with_columns(pl.col("straggler") & ~pl.col("rank").is_in(cleared_ranks))
         per_host = per_host.with_columns(pl.col("straggler") & ~pl.col("host").is_in(cleared_hosts))
-    elif host_ids.height == 0 and per_rank["straggler"].any():
-        # No host known (a flat folder of dumps): offsets are estimated per host, so none was removed, and a rank
-        # whose host clock runs ahead reads as late. Its completion times tell (`unfelt.completed_late`).
-        suspects = {f"rank {r}": [r] for r in per_rank.filter(pl.col("straggler"))["rank"].to_list()}
-        ahead = unfelt.completed_late(suspects, units.select("group", "collective_seq_id", "rank", "time_created_ns",
-                                                              "time_completed_ns"), late, threshold)
-        clock_evidence = "completions"
-        cleared_ranks = [int(k.split(" ", 1)[1]) for k in ahead]
-        per_rank = per_rank.with_columns(pl.col("straggler") & ~pl.col("rank").is_in(cleared_ranks))
     flagged = (per_rank.select("rank", pl.col("straggler").alias("_flagged")),
                per_host.select("host", pl.col("straggler").alias("_flagged")))
     late = late.clone()
