@@ -22,6 +22,25 @@ print(json.dumps({{"s": time.perf_counter() - t, "summary": report.summary, "cul
 """
 
 
+# Put before ANALYZE: the tape reader as before `flightrec build-reader` (started by numba's JIT in each worker,
+# and only for input over 128 MB), for a side-by-side in one run.
+WITHOUT_BUILT_READER = "import flightrec.tape as _tape; _tape.built = lambda: False; _tape._load_built = lambda: False\n"
+
+
+def ensure_built_reader(log=print) -> bool:
+    """Build the ahead-of-time reader if numba is there and it isn't built yet (what a user does once with
+    `flightrec build-reader`); whether it is built."""
+    from flightrec import tape, tape_build
+
+    if not tape.available():
+        return False
+    if not tape.built():
+        start = time.perf_counter()
+        path = tape_build.build()
+        log(f"built the compiled reader in {time.perf_counter() - start:.0f} s: {path}")
+    return True
+
+
 def run(code: str, timeout: float = 3600) -> dict:
     """Execute `code` in `python -c`; it must print one JSON line with at least {"s": seconds}.
     Adds "peak_rss" (bytes, main process plus its workers, sampled every 20 ms)."""
@@ -61,11 +80,24 @@ def run_argv(argv: list[str], timeout: float = 3600, parse: bool = True) -> dict
     return result
 
 
-def median_of(code: str, repeat: int) -> dict:
-    runs = [run(code) for _ in range(repeat)]
+def medians_alternated(codes: list[str], repeat: int) -> list[dict]:
+    """`median_of` for each of `codes`, their runs taken in turn (A B A B ...): on a shared, noisy machine a
+    side-by-side then sees the same noise."""
+    runs = [[] for _ in codes]
+    for _ in range(repeat):
+        for i, code in enumerate(codes):
+            runs[i].append(run(code))
+    return [_medians(r) for r in runs]
+
+
+def _medians(runs: list[dict]) -> dict:
     keys = runs[0].keys()
     return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float)) else runs[0][k]
             for k in keys} | {"runs": [r["s"] for r in runs]}
+
+
+def median_of(code: str, repeat: int) -> dict:
+    return _medians([run(code) for _ in range(repeat)])
 
 
 def gib(n: float) -> str:

@@ -1,0 +1,73 @@
+"""The tape reader compiled ahead of time (`flightrec build-reader`): every tape test passes with it, it
+starts without numba, and a build is only ever loaded by the reader, numba, Python and machine it was made for."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+from flightrec import parse_pool, tape, tape_build  # noqa: E402  (after the skip)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """One build for the module (~20-40 s of the compiler), in a folder of its own."""
+    folder = tmp_path_factory.mktemp("reader")
+    (folder / tape_build._file_name("_flightrec_tape_0123456789abcdef")).write_bytes(b"an earlier build")
+    path = tape_build.build(folder)
+    return folder, path
+
+
+def _env(folder: Path) -> dict:
+    return {**os.environ, "FLIGHTREC_READER_DIR": str(folder)}
+
+
+def test_every_tape_test_passes_with_the_built_reader(built):
+    folder, _ = built
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_tape.py"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT, env=_env(folder))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_built_reader_starts_without_numba(built):
+    folder, path = built
+    code = ("import sys\n"
+            "from flightrec import tape\n"
+            "assert tape.built()\n"
+            "tape.warm(own_process=True)\n"
+            "print(type(tape._walk).__name__, 'numba' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=_env(folder))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["builtin_function_or_method", "False"]
+    assert [p.name for p in folder.iterdir()] == [path.name]   # (the earlier build was removed)
+
+
+def test_a_build_is_named_for_its_machine_and_versions(monkeypatch):
+    names = set()
+    for cpu in ("AMD EPYC|avx avx2", "AMD EPYC|avx avx2 avx512f", None):
+        monkeypatch.setattr(tape_build, "_host_cpu", lambda cpu=cpu: cpu)
+        names.add(tape_build.module_name())
+    assert len(names) == 3
+
+
+def test_a_broken_build_is_passed_over(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLIGHTREC_READER_DIR", str(tmp_path))
+    monkeypatch.setattr(tape_build, "module_name", lambda: "_flightrec_tape_broken0000000000")
+    (tmp_path / tape_build._file_name("_flightrec_tape_broken0000000000")).write_bytes(b"\x7fELF cut short")
+    assert tape_build.load() is None
+
+
+def test_with_a_build_the_tape_reads_dumps_of_any_size(monkeypatch):
+    """Started by the JIT, the tape only pays above TAPE_MIN_BYTES; built, at any size."""
+    monkeypatch.setattr(tape, "built", lambda: False)
+    assert not parse_pool._use_tape("auto", 1 << 20)
+    assert parse_pool._use_tape("auto", parse_pool.TAPE_MIN_BYTES)
+    monkeypatch.setattr(tape, "built", lambda: True)
+    assert parse_pool._use_tape("auto", 1 << 20)
+    assert not parse_pool._use_tape("unpickler", 1 << 20)
