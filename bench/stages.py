@@ -32,7 +32,7 @@ t = time.perf_counter(); m = run_match(trace); out["match"] = time.perf_counter(
 topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, ranks_per_host=8)
 t = time.perf_counter(); timing = analyze_timing(m, trace.groups, topo, entries=trace.entries); out["timing"] = time.perf_counter() - t
 t = time.perf_counter()
-w = build_waits(m, trace.entries, trace.groups)
+w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
 loc = locate(m, topo, exclude=set(w.waiting))
 verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing)
 out["waits_and_root_cause"] = time.perf_counter() - t

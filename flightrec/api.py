@@ -96,7 +96,7 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     stage("matching collectives")
     m = run_match(trace, options.pg)
     stage("following waits")
-    w = build_waits(m, trace.entries, trace.groups)
+    w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
     loc = locate(m, topo, exclude=set(w.waiting))
     stage("reading timestamps")
     timing = analyze_timing(m, trace.groups, topo, options.timing, entries=trace.entries)

@@ -10,6 +10,7 @@ The roots are the ranks that are waited on and wait for nobody; a cycle is a dea
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import networkx as nx
@@ -61,19 +62,22 @@ class Waits:
         return sorted(int(n[2:]) for n in seen if n.startswith("r:") and int(n[2:]) not in ranks)
 
 
-def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None) -> pl.DataFrame:
+def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None, missing_ranks: Iterable[int] = ()) -> pl.DataFrame:
     """(group, rank): for each group whose members are not all known, the ranks without a dump that could be
     the missing ones. A group read from who used it (Gloo declares none: `inferred_groups`) lacks the members
     that left no dump and no entry names; where ranks without a dump are in no group of its kind (tp, dp, ...),
     each may be a member of any of its groups shorter than the others (when only one was, they were placed
     there), or of any of them when they are all alike (a host down took a member of each). Such a group's
-    ranks are then not all known, and one stuck in it may wait on them. Empty where every group is whole."""
+    ranks are then not all known, and one stuck in it may wait on them. `missing_ranks`: the world's ranks
+    without a dump, which may be in no group the dumps name (a whole host down on Gloo: its ranks' groups
+    are known only from the other ends, as groups of one). Empty where every group is whole."""
     empty = pl.DataFrame(schema={"group": prog.schema["group"], "rank": pl.Int64})
     if groups is None or "source" not in groups.columns:
         return empty
     kinds = groups.filter((pl.col("source") == "inferred")
                           & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
-    lost = prog.filter(~pl.col("has_dump")).select("rank").unique()
+    lost = pl.concat([prog.filter(~pl.col("has_dump")).select("rank"),
+                      pl.DataFrame({"rank": list(missing_ranks)}, schema={"rank": pl.Int64})]).unique()
     if kinds.height == 0 or lost.height == 0:
         return empty
     held = kinds.select("pg_desc", pl.col("ranks").alias("rank")).explode("rank")
@@ -92,9 +96,11 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None) -> pl.DataFra
             .select(pl.col("group").cast(prog.schema["group"]), "rank"))
 
 
-def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None) -> pl.DataFrame:
+def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None,
+               missing_ranks: Iterable[int] = ()) -> pl.DataFrame:
     """The wait-for edges (WAIT_EDGES). `groups` (the trace's): groups short of members (inferred, their lost
-    members unnamed) are waited in too, on the ranks without a dump that could be their members."""
+    members unnamed) are waited in too, on the ranks without a dump (of `missing_ranks`, the world's, and the
+    groups' members) that could be their members."""
     prog = m.progress
     known = prog.filter(pl.col("last_enqueued").is_not_null())
     low = known.group_by("group").agg(pl.col("last_enqueued").min().alias("_min"))
@@ -111,7 +117,7 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
     # behind there and its pg_status says all it enqueued there finished: it skipped the collective the others
     # wait in, and is idle, not waiting (it was hidden behind the missing dump). (Gloo counts failed work as
     # finished: at the frontier, a collective that failed because the missing rank died still counts.)
-    lost_members = _lost_members(prog, groups)
+    lost_members = _lost_members(prog, groups, missing_ranks)
     # (not a member whose cut dump shows it enqueued the group's frontier, by an entry kept or its pg_status: it
     # joined all the others can wait in, and a collective it is in with everyone is stuck below them, `locate`)
     absent = prog.filter(~pl.col("has_dump") & ~(pl.col("enqueued_at_least") >= pl.col("frontier")).fill_null(False)
@@ -159,8 +165,9 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
     return pl.concat([p.cast(WAIT_EDGES) for p in parts]).unique().sort("src", "dst", "group")
 
 
-def build_waits(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None) -> Waits:
-    edges = wait_edges(m, entries, groups)
+def build_waits(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None,
+                missing_ranks: Iterable[int] = ()) -> Waits:
+    edges = wait_edges(m, entries, groups, missing_ranks)
     graph = nx.DiGraph()
     graph.add_edges_from(zip(edges["src"].to_list(), edges["dst"].to_list()))
 

@@ -596,6 +596,21 @@ def test_gloo_host_down_groups_whose_lost_members_are_unknown_wait_on_the_ranks_
     assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
 
 
+def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job):
+    """Held-out sweep (seed 101, job 129): 16 Gloo ranks, host 0 (ranks 0-7) down. The dumps left name no group
+    holding a lost rank (no world collective in the window), so the lost ranks were in no group's member list:
+    every dp group read as a complete group of one, stuck in flight, and the live host1 was named down. The
+    world's ranks without a dump (from Gloo's unnamed config) are the candidates for the short groups."""
+    job = synth.Job(tp=2, pp=4, dp=2, steps=4, ranks_per_host=8, microbatches=4, version="2.9", timing=False,
+                    seed=320808, buffer_size=2000, backend="gloo",
+                    fault=synth.Fault(kind="host_down", rank=1, step=0, phase="dp"))
+    out, truth = make_job(job)
+    report = analyze(out, ranks_per_host=8)
+    assert report.culprits["ranks"] == truth["ranks"] == list(range(8)), report.summary
+    assert report.culprits["hosts"] == ["host0"]
+    assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
+
+
 @pytest.mark.parametrize("keep", [None, 0.8])
 def test_a_mismatch_whose_partner_lost_its_dump_is_settled_by_the_peer_groups(make_job, keep):
     """Rank 4 broadcasts where its dp group {1, 4} all_reduces, and rank 1's dump is lost (or cut short): no
