@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("numba")
 from flightrec import parse_pool, tape, tape_build  # noqa: E402  (after the skip)
+from flightrec.errors import FlightrecError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +72,24 @@ def test_with_a_build_the_tape_reads_dumps_of_any_size(monkeypatch):
     monkeypatch.setattr(tape, "built", lambda: True)
     assert parse_pool._use_tape("auto", 1 << 20)
     assert not parse_pool._use_tape("unpickler", 1 << 20)
+
+
+def test_a_build_that_fails_says_what_is_missing_and_that_the_reader_still_works(tmp_path, monkeypatch):
+    def no_compiler(name, scratch):
+        raise OSError("gcc: command not found")
+
+    monkeypatch.setattr(tape_build, "_compile", no_compiler)
+    with pytest.raises(FlightrecError, match="still works without it.*C compiler is needed"):
+        tape_build.build(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_build_reader_command_reports_where_it_wrote(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from flightrec.cli import main
+
+    monkeypatch.setattr(tape_build, "build", lambda: tmp_path / "reader.so")
+    result = CliRunner().invoke(main, ["build-reader"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("built the compiled reader in ") and str(tmp_path / "reader.so") in result.output
