@@ -290,6 +290,12 @@ def _fields(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) 
     """For the dict objects `dicts`, per name in `names`: each one's value object for that key (-1 where it
     has none). Keys are matched by text (each file memoizes its own key strings), in two compiled passes over
     those dicts' items."""
+    table = _field_table(t, g, dicts, names)
+    return {name: table[i] for i, name in enumerate(names)}
+
+
+def _field_table(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+    """`_fields` as one (name, dict) array of value objects."""
     distinct_keys = tape.dict_keys(t, g.order, g.start, g.count, dicts)
     if (t.kind[distinct_keys] != STR).any():
         raise _Unsupported
@@ -298,18 +304,47 @@ def _fields(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) 
     slot_of_text = np.array([wanted.get(text, -1) for text in texts], dtype=np.int16)
     key_slot = np.full(len(t.kind), -1, np.int16)
     key_slot[distinct_keys] = slot_of_text[index] if len(texts) else key_slot[distinct_keys]
-    table = tape.pivot(t, g.order, g.start, g.count, dicts, key_slot, len(names))
-    return {name: table[i] for i, name in enumerate(names)}
+    return tape.pivot(t, g.order, g.start, g.count, dicts, key_slot, len(names))
 
 
 def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, pa.Array, dict[int, list]]:
     if len(tape.dense_codes(entry_ids, t.code_table())[0]) != len(entry_ids) or (
             len(entry_ids) and (t.kind[entry_ids] != DICT).any()):
         raise _Unsupported
-    field = _fields(t, g, entry_ids, (*RAW_FIELDS, "frames"))
-    columns = {name: _COLUMN[kind](t, g, field[name], typ) for name, (typ, kind) in RAW_FIELDS.items()}
-    stack_ids, stacks = _stacks(t, g, field["frames"])
-    return pa.table(columns), stack_ids, stacks
+    names = (*RAW_FIELDS, "frames")
+    table = _field_table(t, g, entry_ids, names)
+    scalar = [i for i, name in enumerate(names[:-1]) if RAW_FIELDS[name][1] in _SCALAR_KINDS]
+    columns = _scalar_columns(t, table[scalar], [names[i] for i in scalar])
+    for i, name in enumerate(names[:-1]):
+        typ, kind = RAW_FIELDS[name]
+        if kind not in _SCALAR_KINDS:
+            columns[name] = _COLUMN[kind](t, g, table[i], typ)
+    stack_ids, stacks = _stacks(t, g, table[-1])
+    return pa.table({name: columns[name] for name in RAW_FIELDS}), stack_ids, stacks
+
+
+# the kinds of object each scalar field may hold (besides None), as a bitmask over tape kinds
+_SCALAR_KINDS = {"int": 1 << INT, "float": (1 << FLOAT) | (1 << INT), "bool": 1 << BOOL}
+
+
+def _scalar_columns(t: tape.Tape, ids: np.ndarray, names: list[str]) -> dict[str, pa.Array]:
+    """The int, float and bool fields' columns from their value objects `ids` (field, entry), in one compiled
+    pass (a value of another kind is _Unsupported, as in `_kinds`)."""
+    allowed = np.array([_SCALAR_KINDS[RAW_FIELDS[name][1]] for name in names], dtype=np.int64)
+    values, present, kinds, ok = tape.scalars(t, ids, allowed)
+    if not ok:
+        raise _Unsupported
+    out = {}
+    for i, name in enumerate(names):
+        typ, kind = RAW_FIELDS[name]
+        if kind == "int":
+            data = values[i]
+        elif kind == "bool":
+            data = values[i] != 0
+        else:
+            data = np.where(kinds[i] == FLOAT, values[i].view(np.float64), values[i].astype(np.float64))
+        out[name] = pa.array(data, type=typ, mask=~present[i])
+    return out
 
 
 def _kinds(t: tape.Tape, ids: np.ndarray, allowed: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -318,23 +353,6 @@ def _kinds(t: tape.Tape, ids: np.ndarray, allowed: tuple[int, ...]) -> tuple[np.
     if not _only(kind, (NONE, *allowed)):
         raise _Unsupported
     return kind != NONE, kind
-
-
-def _int_column(t, g, ids, typ):
-    present, _ = _kinds(t, ids, (INT,))
-    return pa.array(t.value[np.maximum(ids, 0)], type=typ, mask=~present)
-
-
-def _float_column(t, g, ids, typ):
-    present, kind = _kinds(t, ids, (FLOAT, INT))
-    raw = t.value[np.maximum(ids, 0)]
-    values = np.where(kind == FLOAT, raw.view(np.float64), raw.astype(np.float64))
-    return pa.array(values, type=typ, mask=~present)
-
-
-def _bool_column(t, g, ids, typ):
-    present, _ = _kinds(t, ids, (BOOL,))
-    return pa.array(t.value[np.maximum(ids, 0)] != 0, type=typ, mask=~present)
 
 
 def _texts(t: tape.Tape, ids: np.ndarray, present: np.ndarray | None = None) -> pa.Array:
@@ -387,8 +405,8 @@ def _sizes_column(t, g, ids, typ):
     return pa.ListArray.from_arrays(pa.array(outer.astype(np.int32)), tensors, mask=pa.array(~present), type=typ)
 
 
-_COLUMN = {"int": _int_column, "float": _float_column, "bool": _bool_column, "str": _str_column,
-           "strs": _strs_column, "sizes": _sizes_column}
+# the other fields' columns (ints, floats and bools: `_scalar_columns`)
+_COLUMN = {"str": _str_column, "strs": _strs_column, "sizes": _sizes_column}
 
 
 def _row_codes(columns: list[np.ndarray]) -> np.ndarray:

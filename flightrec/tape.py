@@ -104,6 +104,7 @@ def _load_walker() -> None:
     _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
                                               np.zeros(1, np.int32), np.zeros(1, np.int64))
     _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
+    _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
     _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
     _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
     _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
@@ -608,6 +609,30 @@ def _pivot_py(key, child, order, start, count, dicts, key_slot, n_slots):
     return out
 
 
+def _scalars_py(kind, value, ids, allowed):
+    """Many scalar fields at once: `ids` (field, i) -> an object (-1: none), `allowed[field]` a bitmask of the
+    kinds it may be besides NONE. Returns (value, present, kind) per (field, i), 0 / False / NONE where absent
+    or None, and False when some object's kind is not allowed (then the rest is not filled in)."""
+    n_fields, n = ids.shape
+    values = np.zeros((n_fields, n), np.int64)
+    present = np.zeros((n_fields, n), np.bool_)
+    kinds = np.zeros((n_fields, n), np.int8)
+    for f in range(n_fields):
+        for i in range(n):
+            o = ids[f, i]
+            if o < 0:
+                continue
+            k = kind[o]
+            if k == NONE:
+                continue
+            if not (allowed[f] >> k) & 1:
+                return values, present, kinds, False
+            present[f, i] = True
+            values[f, i] = value[o]
+            kinds[f, i] = k
+    return values, present, kinds, True
+
+
 def _distinct_items_py(child, order, start, count, parents, n_obj):
     """The distinct children of `parents` (-1: none), in the order first met; given the edges' keys for
     `child`, the distinct keys of dicts."""
@@ -689,6 +714,11 @@ def dict_keys(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray
     """The distinct key objects of the items of dict objects `dicts`."""
     return _compiled("distinct_items", _distinct_items_py)(t.key, order, start, count, dicts.astype(np.int64),
                                                            len(t.kind))
+
+
+def scalars(t: "Tape", ids: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """`_scalars_py` over the tape's objects: `ids` an int64 (fields, n) array, `allowed` int64 bitmasks."""
+    return _compiled("scalars", _scalars_py)(t.kind, t.value, np.ascontiguousarray(ids, dtype=np.int64), allowed)
 
 
 def pivot(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray,

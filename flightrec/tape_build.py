@@ -39,6 +39,8 @@ SIGNATURES = {
     "same_texts": "boolean(uint8[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64)",
     "same_sequences": f"boolean({_EDGES}, int64[::1], int64[::1], int64[::1])",
     "sequence_keys": f"uint64[::1]({_EDGES}, int64[::1], uint64[::1])",
+    "scalars": "Tuple((int64[:, ::1], boolean[:, ::1], int8[:, ::1], boolean))(int8[::1], int64[::1], int64[:, ::1], "
+               "int64[::1])",
 }
 
 
@@ -49,7 +51,7 @@ def _sources() -> dict:
     return {"walk": tape._walk_py, "dense_codes": tape._dense_codes_py, "group_by_parent": tape._group_by_parent_py,
             "distinct_items": tape._distinct_items_py, "children_of": tape._children_of_py, "pivot": tape._pivot_py,
             "same_texts": tape._same_texts_py, "same_sequences": tape._same_sequences_py,
-            "sequence_keys": tape._sequence_keys_py}
+            "sequence_keys": tape._sequence_keys_py, "scalars": tape._scalars_py}
 
 
 def module_name() -> str | None:
