@@ -216,6 +216,12 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     return _one_file_per_rank(files)
 
 
+# What numbers a job's runs rather than its hosts: such a folder holding one block of ranks is a partial run
+# (`attempt_1/` with ranks 8-15 of 16), not the one host left.
+_RUN_FOLDER_WORDS = frozenset({"attempt", "run", "retry", "restart", "try", "trial", "step", "iter", "iteration",
+                               "epoch", "job", "rank", "ranks", "dump", "dumps", "trace", "traces", "v", "version"})
+
+
 def _lone_host_folder(root: Path, folders: set[str], ranks: list[int]) -> str | None:
     """The one folder below the root that holds every dump, where it reads as the only host left of a per-host
     layout (the others, down, wrote nothing): a name ending in the number of the one block of ranks it holds
@@ -228,13 +234,13 @@ def _lone_host_folder(root: Path, folders: set[str], ranks: list[int]) -> str | 
         parts = Path(next(iter(folders))).relative_to(root).parts
     except ValueError:
         return None
-    number = re.match(r"^.*?(\d+)$", parts[0]) if parts else None
-    if number is None:
+    number = re.match(r"^(.*?)(\d+)$", parts[0]) if parts else None
+    if number is None or number.group(1).strip("-_. ").lower() in _RUN_FOLDER_WORDS:
         return None
     low, high = min(ranks), max(ranks)
     # (blocks as many as its files, or as wide as its ranks' span: a host's lost dumps leave holes)
     for k in (len(set(ranks)), high - low + 1):
-        if low // k == high // k == int(number.group(1)):
+        if low // k == high // k == int(number.group(2)):
             return parts[0]
     return None
 

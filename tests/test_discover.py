@@ -48,6 +48,8 @@ def test_per_host_folders(tmp_path):
     ("traces", range(8, 16), None),                   # no number: a folder, not a host
     ("run2", range(0, 32), None),                     # its number is not its block's
     ("node1", [3, 9], None),                          # ranks of two blocks
+    ("attempt_1", range(8, 16), None),                # a run's folder, numbered like the block by chance
+    ("Retry-1", range(8, 16), None),
 ])
 def test_a_lone_folder_is_a_host_where_it_holds_the_block_its_number_says(tmp_path, folder, ranks, host):
     for r in ranks:
