@@ -81,8 +81,8 @@ def _load_built() -> bool:
     global _walk
     for name in tape_build.SIGNATURES:
         if name != "walk":
-            _helpers[name] = getattr(module, name)
-    _walk = module.walk
+            _helpers[name] = tape_build.checked(name, getattr(module, name))
+    _walk = tape_build.checked("walk", module.walk)
     return True
 
 

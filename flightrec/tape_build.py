@@ -7,8 +7,9 @@ tenth of a cold `analyze`, paid on every core at once. `build` compiles the same
 it (~5 ms, no numba) where it exists and matches this version of the reader. Where it doesn't, the JIT is
 used as before: the module is only a faster start, never needed.
 
-The module's name carries a digest of the reader's source, numba's and Python's versions and the machine:
-an edited reader, another numba or another interpreter never loads a stale build.
+The module's name carries a digest of the reader's source, numba's, numpy's and Python's versions and the
+CPU: an edited reader, another numba or another interpreter never loads a stale build. Only a module this user
+(or root) owns, in a folder no one else can write to, is loaded: it runs as whoever loads it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from pathlib import Path
 from types import ModuleType
 
 # Each compiled function: its exported signature (the types the callers in `tape` pass: edges and counts as
-# int32, offsets and object ids as int64). A call with other types raises TypeError.
+# int32, offsets and object ids as int64). The compiled code checks nothing: an array of another item size
+# crashes the process, a strided one is read as if contiguous. So each is called through `_checked`, which
+# refuses (TypeError) what its signature doesn't declare: the batch then goes the unpickler's way.
 _EDGES = "int32[::1], int32[::1], int64[::1], int32[::1]"   # child (or key), order, start, count
 SIGNATURES = {
     "walk": "Tuple((int64, int64[::1], int8[::1], int64[::1], int64[::1], int64[::1], int32[::1], int32[::1], "
@@ -42,6 +45,45 @@ SIGNATURES = {
     "scalars": "Tuple((int64[:, ::1], boolean[:, ::1], int8[:, ::1], boolean))(int8[::1], int64[::1], int64[:, ::1], "
                "int64[::1])",
 }
+
+
+# What each function's arguments must be, in order: (numpy dtype, dimensions) of an array, or None for an int.
+_I32, _I64 = ("int32", 1), ("int64", 1)
+_EDGE_ARGS = (_I32, _I32, _I64, _I32)
+ARGUMENTS = {
+    "walk": (("uint8", 1), _I64, _I64, None, None),
+    "dense_codes": (_I64, _I64),
+    "group_by_parent": (_I32, None),
+    "distinct_items": (*_EDGE_ARGS, _I64, None),
+    "children_of": (*_EDGE_ARGS, _I64),
+    "pivot": (_I32, _I32, _I32, _I64, _I32, _I64, ("int16", 1), None),
+    "same_texts": (("uint8", 1), _I64, _I64, _I64, _I64, None),
+    "same_sequences": (*_EDGE_ARGS, _I64, _I64, _I64),
+    "sequence_keys": (*_EDGE_ARGS, _I64, ("uint64", 1)),
+    "scalars": (("int8", 1), _I64, ("int64", 2), _I64),
+}
+
+
+def checked(name: str, fn):
+    """`fn`, the compiled `name`, refusing arguments its signature doesn't declare (see SIGNATURES)."""
+    import numpy as np
+
+    expected = ARGUMENTS[name]
+
+    def call(*args):
+        if len(args) != len(expected):
+            raise TypeError(f"{name}: {len(args)} arguments, expected {len(expected)}")
+        for i, (arg, want) in enumerate(zip(args, expected)):
+            if want is None:
+                if not isinstance(arg, (int, np.integer)):
+                    raise TypeError(f"{name}: argument {i} must be an int, not {type(arg).__name__}")
+            elif not (isinstance(arg, np.ndarray) and arg.dtype == want[0] and arg.ndim == want[1]
+                      and arg.flags.c_contiguous):
+                raise TypeError(f"{name}: argument {i} must be a C-contiguous {want[1]}-d {want[0]} array")
+        return fn(*args)
+
+    call.__name__ = name
+    return call
 
 
 def _sources() -> dict:
@@ -60,14 +102,25 @@ def module_name() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        numba_version = version("numba")
+        versions = [version("numba"), version("numpy")]
     except PackageNotFoundError:
         return None
     from . import tape
 
-    key = "\0".join([inspect.getsource(tape), repr(SIGNATURES), inspect.getsource(_compile), numba_version,
-                     sys.version, platform.machine(), _host_cpu() or "generic"])
-    return "_flightrec_tape_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    try:
+        sources = [inspect.getsource(tape), inspect.getsource(_compile)]
+    except (OSError, TypeError):
+        return None   # (installed without its sources: nothing to tell a build for this reader by)
+    cpu = _host_cpu() or "generic"
+    key = "\0".join([*sources, repr(SIGNATURES), *versions, sys.version, platform.machine(), cpu])
+    return f"{_PREFIX}{_digest(cpu)[:8]}_{_digest(key)[:16]}"
+
+
+_PREFIX = "_flightrec_tape_"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _host_cpu() -> str | None:
@@ -115,7 +168,7 @@ def load() -> ModuleType | None:
         return sys.modules[name]
     for folder in folders():
         path = folder / _file_name(name)
-        if not path.is_file():
+        if not path.is_file() or not _trusted(path):
             continue
         try:
             spec = importlib.util.spec_from_file_location(name, path)
@@ -126,6 +179,19 @@ def load() -> ModuleType | None:
         sys.modules[name] = module
         return module
     return None
+
+
+def _trusted(path: Path) -> bool:
+    """A native module runs as whoever loads it: only one that this user (or root) owns, in a folder no one
+    else can write to (a shared $FLIGHTREC_CACHE_DIR must not hand anyone's `analyze` another user's code)."""
+    try:
+        own, folder = path.stat(), path.parent.stat()
+    except OSError:
+        return False
+    users = {os.getuid(), 0} if hasattr(os, "getuid") else None
+    if users is None:
+        return True   # (no POSIX owners: as numba's own cache)
+    return own.st_uid in users and folder.st_uid in users and not folder.st_mode & 0o022
 
 
 def build(folder: str | os.PathLike | None = None) -> Path:
@@ -149,18 +215,27 @@ def build(folder: str | os.PathLike | None = None) -> Path:
                                  "still works without it (numba's JIT). A C compiler is needed: e.g. apt install "
                                  "gcc") from exc
         path = target / _file_name(name)
-        staged = target / f".{path.name}.{os.getpid()}"
-        shutil.copyfile(built, staged)
-        os.replace(staged, path)   # (atomic: a worker loading it meanwhile sees the old file or the whole new one)
-    for stale in target.glob(_file_name("_flightrec_tape_*")):
-        if stale != path:   # (builds for an earlier reader: never loaded again)
+        fd, staged = tempfile.mkstemp(dir=target, prefix=f".{name}.")
+        try:
+            with os.fdopen(fd, "wb") as out, open(built, "rb") as src:
+                shutil.copyfileobj(src, out)
+            os.chmod(staged, 0o755)
+            os.replace(staged, path)   # (atomic: a worker loading it meanwhile sees the old file or the new one)
+        finally:
+            if os.path.exists(staged):
+                os.unlink(staged)
+    # Earlier builds for this CPU are never loaded again (the reader or a version changed). Other CPUs' builds
+    # are kept: a folder shared by a cluster's machines serves each its own.
+    cpu_tag = name[:len(_PREFIX) + 8]
+    for stale in target.glob(_file_name(cpu_tag + "_*")):
+        if stale != path:
             stale.unlink(missing_ok=True)
     return path
 
 
 def _writable(folder: Path) -> bool:
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)   # (a new folder: this user's alone, `_trusted`)
     except OSError:
         return False
     return os.access(folder, os.W_OK)

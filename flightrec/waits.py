@@ -92,8 +92,19 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None, missing_ranks
              .filter((known < known.max().over("pg_desc"))
                      | ((known.min().over("pg_desc") == known.max().over("pg_desc"))
                         & ((known == 1) | (pl.col("_spare") % known != 0)))))
+    pairs = (short.group_by("pg_desc").len().join(spare, on="pg_desc")
+             .select((pl.col("len") * pl.col("_spare")).sum()).item()) or 0
+    if pairs > MAX_GUESSED_MEMBERS:
+        # (thousands of lost ranks spread over thousands of groups: the guess names nobody, and its edges would
+        # be millions; the groups then read as the dumps show them)
+        return empty
     return (short.select("group", "pg_desc").join(candidates, on="pg_desc")
             .select(pl.col("group").cast(prog.schema["group"]), "rank"))
+
+
+# Beyond this many (group, lost rank) pairs `_lost_members` guesses nothing (a 16K-rank Gloo job with every
+# third rank lost would make 7.5M wait-for edges).
+MAX_GUESSED_MEMBERS = 200_000
 
 
 def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None,

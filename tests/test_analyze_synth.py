@@ -8,7 +8,7 @@ import jsonschema
 import polars as pl
 import pytest
 
-from flightrec import analyze, synth
+from flightrec import analyze, synth, waits
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
 
@@ -596,7 +596,7 @@ def test_gloo_host_down_groups_whose_lost_members_are_unknown_wait_on_the_ranks_
     assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
 
 
-def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job):
+def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job, monkeypatch):
     """Held-out sweep (seed 101, job 129): 16 Gloo ranks, host 0 (ranks 0-7) down. The dumps left name no group
     holding a lost rank (no world collective in the window), so the lost ranks were in no group's member list:
     every dp group read as a complete group of one, stuck in flight, and the live host1 was named down. The
@@ -609,6 +609,11 @@ def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job
     assert report.culprits["ranks"] == truth["ranks"] == list(range(8)), report.summary
     assert report.culprits["hosts"] == ["host0"]
     assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
+    # (8 groups x 8 lost ranks: over a cap, the guess is dropped rather than making millions of edges)
+    guessed = waits._lost_members(report.matching.progress, report.trace.groups, report.trace.missing_ranks)
+    assert guessed.height == 64
+    monkeypatch.setattr(waits, "MAX_GUESSED_MEMBERS", 63)
+    assert waits._lost_members(report.matching.progress, report.trace.groups, report.trace.missing_ranks).height == 0
 
 
 @pytest.mark.parametrize("keep", [None, 0.8])

@@ -1,6 +1,7 @@
 """The tape reader compiled ahead of time (`flightrec build-reader`): every tape test passes with it, it
 starts without numba, and a build is only ever loaded by the reader, numba, Python and machine it was made for."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -19,7 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def built(tmp_path_factory):
     """One build for the module (~20-40 s of the compiler), in a folder of its own."""
     folder = tmp_path_factory.mktemp("reader")
-    (folder / tape_build._file_name("_flightrec_tape_0123456789abcdef")).write_bytes(b"an earlier build")
+    this_cpu = tape_build.module_name()[:len(tape_build._PREFIX) + 8]
+    (folder / tape_build._file_name(this_cpu + "_0123456789abcdef")).write_bytes(b"an earlier build")
+    (folder / tape_build._file_name("_flightrec_tape_ffffffff_0123456789abcdef")).write_bytes(b"another CPU's")
     path = tape_build.build(folder)
     return folder, path
 
@@ -41,12 +44,56 @@ def test_the_built_reader_starts_without_numba(built):
             "from flightrec import tape\n"
             "assert tape.built()\n"
             "tape.warm(own_process=True)\n"
-            "print(type(tape._walk).__name__, 'numba' in sys.modules)\n")
+            "print(tape._walk.__module__, 'numba' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=_env(folder))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["builtin_function_or_method", "False"]
-    assert [p.name for p in folder.iterdir()] == [path.name]   # (the earlier build was removed)
+    assert done.stdout.split() == ["flightrec.tape_build", "False"]
+    # (the earlier build for this CPU was removed, another CPU's kept)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([path.name, tape_build._file_name(
+        "_flightrec_tape_ffffffff_0123456789abcdef")])
+
+
+def test_the_built_functions_refuse_what_their_signature_does_not_declare(built):
+    """The compiled code checks nothing (an int32 array where int64 is declared crashed the process, a strided
+    one was read as contiguous): the wrappers refuse them, and the batch goes the unpickler's way."""
+    import numpy as np
+
+    folder, path = built
+    spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dense_codes = tape_build.checked("dense_codes", module.dense_codes)
+    codes = np.full(32, -1, np.int64)
+    assert [a.tolist() for a in dense_codes(np.array([4, 8, 4]), codes)] == [[4, 8], [0, 1, 0]]
+    for bad in (np.array([4, 8, 4], np.int32), np.arange(20)[::4], [4, 8, 4], np.zeros((2, 2), np.int64)):
+        with pytest.raises(TypeError):
+            dense_codes(bad, codes)
+    with pytest.raises(TypeError):
+        dense_codes(np.array([1]))
+
+
+def test_a_build_others_can_write_over_is_not_loaded(tmp_path, monkeypatch):
+    """A native module runs as whoever loads it: not one in a folder other users can write to."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    name = tape_build.module_name()
+    (folder / tape_build._file_name(name)).write_bytes(b"anything")
+    monkeypatch.setenv("FLIGHTREC_READER_DIR", str(folder))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    os.chmod(folder, 0o777)
+    assert not tape_build._trusted(folder / tape_build._file_name(name))
+    assert tape_build.load() is None
+    os.chmod(folder, 0o700)
+    assert tape_build._trusted(folder / tape_build._file_name(name))
+
+
+def test_installed_without_sources_the_reader_is_the_jit(monkeypatch):
+    def no_source(obj):
+        raise OSError("could not get source code")
+
+    monkeypatch.setattr(tape_build.inspect, "getsource", no_source)
+    assert tape_build.module_name() is None and tape_build.load() is None and not tape.built()
 
 
 def test_a_build_is_named_for_its_machine_and_versions(monkeypatch):
@@ -54,7 +101,7 @@ def test_a_build_is_named_for_its_machine_and_versions(monkeypatch):
     for cpu in ("AMD EPYC|avx avx2", "AMD EPYC|avx avx2 avx512f", None):
         monkeypatch.setattr(tape_build, "_host_cpu", lambda cpu=cpu: cpu)
         names.add(tape_build.module_name())
-    assert len(names) == 3
+    assert len(names) == 3 and len({n[:len(tape_build._PREFIX) + 8] for n in names}) == 3
 
 
 def test_a_broken_build_is_passed_over(tmp_path, monkeypatch):
