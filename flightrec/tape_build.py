@@ -3,7 +3,7 @@
 Loading the reader with numba's JIT, even from its cache, costs ~0.7 s in each parsing worker: numba sets up
 its type registries before it can call anything (0.3 s), and imports itself (0.2 s). At 8,192 ranks that is a
 tenth of a cold `analyze`, paid on every core at once. `build` compiles the same functions once (numba's
-`pycc` and the system's C compiler, ~30-60 s) into an extension module next to numba's cache; `load` imports
+`pycc` and the system's C compiler, ~20 s) into an extension module next to numba's cache; `load` imports
 it (~5 ms, no numba) where it exists and matches this version of the reader. Where it doesn't, the JIT is
 used as before: the module is only a faster start, never needed.
 
@@ -26,9 +26,11 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 # Each compiled function: its exported signature (the types the callers in `tape` pass: edges and counts as
 # int32, offsets and object ids as int64). The compiled code checks nothing: an array of another item size
-# crashes the process, a strided one is read as if contiguous. So each is called through `_checked`, which
+# crashes the process, a strided one is read as if contiguous. So each is called through `checked`, which
 # refuses (TypeError) what its signature doesn't declare: the batch then goes the unpickler's way.
 _EDGES = "int32[::1], int32[::1], int64[::1], int32[::1]"   # child (or key), order, start, count
 SIGNATURES = {
@@ -66,8 +68,6 @@ ARGUMENTS = {
 
 def checked(name: str, fn):
     """`fn`, the compiled `name`, refusing arguments its signature doesn't declare (see SIGNATURES)."""
-    import numpy as np
-
     expected = ARGUMENTS[name]
 
     def call(*args):
@@ -206,7 +206,7 @@ def build(folder: str | os.PathLike | None = None) -> Path:
     target = next((f for f in targets if _writable(f)), None)
     if target is None:
         raise FlightrecError(f"no writable folder for the compiled reader (tried {', '.join(map(str, targets))}); "
-                             "pass one")
+                             "set FLIGHTREC_READER_DIR to a folder you own")
     with tempfile.TemporaryDirectory(prefix="flightrec-build-") as scratch:
         try:
             built = _compile(name, Path(scratch))
@@ -230,6 +230,9 @@ def build(folder: str | os.PathLike | None = None) -> Path:
     for stale in target.glob(_file_name(cpu_tag + "_*")):
         if stale != path:
             stale.unlink(missing_ok=True)
+    if not _trusted(path):
+        raise FlightrecError(f"built {path}, but it won't be loaded: {target} is writable by other users (or not "
+                             f"yours); run `chmod go-w {target}`, or set FLIGHTREC_READER_DIR to a folder you own")
     return path
 
 

@@ -140,3 +140,19 @@ def test_build_reader_command_reports_where_it_wrote(monkeypatch, tmp_path):
     result = CliRunner().invoke(main, ["build-reader"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("built the compiled reader in ") and str(tmp_path / "reader.so") in result.output
+
+
+def test_a_build_into_a_folder_others_can_write_to_says_it_would_not_be_loaded(tmp_path, monkeypatch):
+    def fake_compile(name, scratch):
+        out = scratch / tape_build._file_name(name)
+        out.write_bytes(b"a module")
+        return out
+
+    monkeypatch.setattr(tape_build, "_compile", fake_compile)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(FlightrecError, match="won't be loaded.*chmod go-w"):
+        tape_build.build(shared)
+    os.chmod(shared, 0o755)
+    assert tape_build.build(shared).read_bytes() == b"a module"
