@@ -85,13 +85,17 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None, missing_ranks
                                                                               how="anti")
     # Of a kind whose groups differ in size, the largest are whole: only the shorter ones lack members. Where
     # they are all alike, each lacks members unless the lost ranks could make whole groups of their own (a tp
-    # group whose every dump is lost): groups of one member, or lost ranks that don't divide into groups.
+    # group whose every dump is lost): groups of one member, or lost ranks that don't divide into groups; or
+    # ranks spaced evenly (a data-parallel group: 8, 16 of 0, 8, 16) whose next place, before or after, is a
+    # lost candidate in every group of the kind: a host down took a member of each (held-out sweep, seed 202:
+    # 8 lost ranks also divide into 4 groups of 2, and a link between the live hosts was named).
     known = pl.col("ranks").list.len()
     spare = candidates.group_by("pg_desc").agg(pl.len().alias("_spare"))
-    short = (kinds.join(spare, on="pg_desc")
+    short = (kinds.join(spare, on="pg_desc").join(_extends_to_lost(kinds, candidates), on="group", how="left")
              .filter((known < known.max().over("pg_desc"))
                      | ((known.min().over("pg_desc") == known.max().over("pg_desc"))
-                        & ((known == 1) | (pl.col("_spare") % known != 0)))))
+                        & ((known == 1) | (pl.col("_spare") % known != 0)
+                           | pl.col("_extends").fill_null(False).all().over("pg_desc")))))
     pairs = (short.group_by("pg_desc").len().join(spare, on="pg_desc")
              .select((pl.col("len") * pl.col("_spare")).sum()).item()) or 0
     if pairs > MAX_GUESSED_MEMBERS:
@@ -100,6 +104,21 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None, missing_ranks
         return empty
     return (short.select("group", "pg_desc").join(candidates, on="pg_desc")
             .select(pl.col("group").cast(prog.schema["group"]), "rank"))
+
+
+def _extends_to_lost(kinds: pl.DataFrame, candidates: pl.DataFrame) -> pl.DataFrame:
+    """(group, _extends): the group's known ranks are evenly spaced (two or more) and the place one step
+    before the first or after the last is a lost candidate of its kind."""
+    spaced = (kinds.select("group", "pg_desc", pl.col("ranks").list.sort().alias("_r"))
+              .filter(pl.col("_r").list.len() >= 2)
+              .with_columns(pl.col("_r").list.diff(null_behavior="drop").alias("_d"))
+              .filter((pl.col("_d").list.n_unique() == 1) & (pl.col("_d").list.first() > 0))
+              .with_columns(pl.col("_d").list.first().alias("_step")))
+    ends = pl.concat([spaced.select("group", "pg_desc", (pl.col("_r").list.first() - pl.col("_step")).alias("rank")),
+                      spaced.select("group", "pg_desc", (pl.col("_r").list.last() + pl.col("_step")).alias("rank"))])
+    return (ends.join(candidates, on=["pg_desc", "rank"], how="semi").select("group").unique()
+            .with_columns(pl.lit(True).alias("_extends"))
+            .join(spaced.select("group"), on="group", how="right").select("group", pl.col("_extends").fill_null(False)))
 
 
 # Beyond this many (group, lost rank) pairs `_lost_members` guesses nothing (a 16K-rank Gloo job with every

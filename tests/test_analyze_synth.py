@@ -616,6 +616,19 @@ def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job
     assert waits._lost_members(report.matching.progress, report.trace.groups, report.trace.missing_ranks).height == 0
 
 
+def test_gloo_a_host_down_that_took_one_member_of_each_evenly_spaced_group_is_named(make_job):
+    """Held-out sweep (seed 202, job 73): 24 Gloo ranks, host node00000 (ranks 0-7) down, per-host folders.
+    Every dp group read as two members ({8, 16}, {9, 17}, ...), all alike, and the 8 lost ranks also divide into
+    4 groups of 2: they were taken for whole groups of their own, every dp group read as complete and stuck in
+    flight, and a link between the two live hosts was named. Each group's next place (0 before 8, 16) is a
+    lost rank: a member of each is lost."""
+    job = synth.Job(tp=4, pp=2, dp=3, steps=4, ranks_per_host=8, microbatches=4, timing=False, seed=36451,
+                    buffer_size=2000, backend="gloo", fault=synth.Fault(kind="host_down", rank=7, step=-1, phase="dp"))
+    report, truth = run(make_job, job, per_host_folders=True, fmt="json")
+    assert culprits(report) == (truth["ranks"], ["node00000"], []) == (list(range(8)), truth["hosts"], [])
+    assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
+
+
 @pytest.mark.parametrize("keep", [None, 0.8])
 def test_a_mismatch_whose_partner_lost_its_dump_is_settled_by_the_peer_groups(make_job, keep):
     """Rank 4 broadcasts where its dp group {1, 4} all_reduces, and rank 1's dump is lost (or cut short): no
