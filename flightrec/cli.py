@@ -303,7 +303,7 @@ def cache_cmd(clear, quiet):
 @main.command("build-reader")
 @_guard
 def build_reader():
-    """Compile the fast pickle reader ahead of time: once per installation, ~30 s. Needs the `fast` extra (numba)
+    """Compile the fast pickle reader ahead of time: once per installation, ~20 s. Needs the `fast` extra (numba)
     and a C compiler.
 
     Each parsing worker then starts it in milliseconds instead of ~0.7 s (numba's start), and it is used for
