@@ -49,21 +49,22 @@ SIGNATURES = {
 }
 
 
-# What each function's arguments must be, in order: (numpy dtype, dimensions) of an array, or None for an int.
-_I32, _I64 = ("int32", 1), ("int64", 1)
-_EDGE_ARGS = (_I32, _I32, _I64, _I32)
-ARGUMENTS = {
-    "walk": (("uint8", 1), _I64, _I64, None, None),
-    "dense_codes": (_I64, _I64),
-    "group_by_parent": (_I32, None),
-    "distinct_items": (*_EDGE_ARGS, _I64, None),
-    "children_of": (*_EDGE_ARGS, _I64),
-    "pivot": (_I32, _I32, _I32, _I64, _I32, _I64, ("int16", 1), None),
-    "same_texts": (("uint8", 1), _I64, _I64, _I64, _I64, None),
-    "same_sequences": (*_EDGE_ARGS, _I64, _I64, _I64),
-    "sequence_keys": (*_EDGE_ARGS, _I64, ("uint64", 1)),
-    "scalars": (("int8", 1), _I64, ("int64", 2), _I64),
-}
+def _arguments(signature: str) -> tuple:
+    """What a signature's arguments must be, in order: (numpy dtype, dimensions) of an array, or None for an
+    int. `"int64[::1](int32[::1], int64[:, ::1], int64)"` -> `(("int32", 1), ("int64", 2), None)`."""
+    inside = signature[signature.rindex("(", 0, signature.rindex(")")) + 1:signature.rindex(")")]
+    args, depth, current = [], 0, ""
+    for ch in inside + ",":
+        if ch == "," and depth == 0:
+            args.append(current.strip())
+            current = ""
+            continue
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        current += ch
+    return tuple((a[:a.index("[")], a.count(",") + 1) if "[" in a else None for a in args)
+
+
+ARGUMENTS = {name: _arguments(signature) for name, signature in SIGNATURES.items()}
 
 
 def checked(name: str, fn):

@@ -156,3 +156,13 @@ def test_a_build_into_a_folder_others_can_write_to_says_it_would_not_be_loaded(t
         tape_build.build(shared)
     os.chmod(shared, 0o755)
     assert tape_build.build(shared).read_bytes() == b"a module"
+
+
+def test_every_signature_declares_each_argument_of_its_function():
+    """The wrappers' checks are read from the signatures: one per parameter of the Python function."""
+    import inspect
+
+    assert tape_build._arguments("int64[::1](int32[::1], int64[:, ::1], int64)") == (("int32", 1), ("int64", 2),
+                                                                                    None)
+    for name, fn in tape_build._sources().items():
+        assert len(tape_build.ARGUMENTS[name]) == len(inspect.signature(fn).parameters), name
