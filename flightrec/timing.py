@@ -23,6 +23,7 @@ from . import echoes, lookup, unfelt
 from .match import Matching
 from .schema import P2P_OPS, WATCHDOG_POLL_MS
 from .topology import NO_HOSTS_HINT, Topology
+from .unfelt import Suspect
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,9 +65,9 @@ class TimingResult:
     slow_p2p_links: pl.DataFrame | None = None
     # every host's clock offset was estimated (completion times): else a rank is judged within its host
     clocks_known: bool = True
-    # without them, ranks and hosts late on most collectives whose peers never waited for them ("rank 5",
-    # "host node3" -> median ms late): their clock runs ahead (`unfelt`); not stragglers
-    clock_ahead: dict = field(default_factory=dict)
+    # without them, ranks and hosts late on most collectives whose peers never waited for them
+    # (`unfelt.Suspect("rank", 5)` or ("host", "node3") -> median ms late): their clock runs ahead; not stragglers
+    clock_ahead: dict[Suspect, float] = field(default_factory=dict)
     # what tells them: "next entries" (peers went on at once: `unfelt.unfelt`, no completion times) or
     # "completions" (they complete as late: `unfelt.completed_late`, no host placement)
     clock_ahead_by: str = "next entries"
@@ -399,7 +400,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     late = lateness(units, by_host)
     per_rank, per_host, threshold = stragglers(late, host_ids, opts, skewed=(offsets["clock_offset_ms"] != 0).any())
     clocks_known = offsets.height == host_ids.height
-    ahead: dict[str, float] = {}
+    ahead: dict[Suspect, float] = {}
     clock_evidence = "next entries"
     no_completions = units["time_completed_ns"].null_count() == units.height
     if (no_completions or host_ids.height == 0) and (per_rank["straggler"].any() or per_host["straggler"].any()):
@@ -407,8 +408,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
         # all (Gloo, whose collectives also hold their callers until done) nobody waited on it (`unfelt`). With
         # no host known (a flat folder of dumps) offsets, estimated per host, were not removed, and its
         # completion times read as late as its enqueues (`unfelt.completed_late`).
-        suspects = {**{f"rank {r}": [r] for r in per_rank.filter(pl.col("straggler"))["rank"].to_list()},
-                    **{f"host {h}": list(rs) for h, rs in per_host.filter(pl.col("straggler"))
+        suspects = {**{Suspect("rank", r): [r] for r in per_rank.filter(pl.col("straggler"))["rank"].to_list()},
+                    **{Suspect("host", h): list(rs) for h, rs in per_host.filter(pl.col("straggler"))
                        .select("host", "ranks").iter_rows()}}
         if no_completions:
             ahead = unfelt.unfelt(suspects, units.select("rank", "group", "collective_seq_id", "time_created_ns"),
@@ -418,8 +419,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
             ahead = unfelt.completed_late(suspects, units.select("group", "collective_seq_id", "rank",
                                                                   "time_created_ns", "time_completed_ns"),
                                           late, threshold)
-        cleared_ranks = [int(k.split(" ", 1)[1]) for k in ahead if k.startswith("rank ")]
-        cleared_hosts = [k.split(" ", 1)[1] for k in ahead if k.startswith("host ")]
+        cleared_ranks = [s.name for s in ahead if s.kind == "rank"]
+        cleared_hosts = [s.name for s in ahead if s.kind == "host"]
         per_rank = per_rank.with_columns(pl.col("straggler") & ~pl.col("rank").is_in(cleared_ranks))
         per_host = per_host.with_columns(pl.col("straggler") & ~pl.col("host").is_in(cleared_hosts))
     flagged = (per_rank.select("rank", pl.col("straggler").alias("_flagged")),
@@ -509,8 +510,8 @@ def findings(result: TimingResult, groups: pl.DataFrame, topo: Topology) -> list
     if result.clock_ahead_by == "completions" and result.clock_ahead:
         out.append(_clock_from_completions(result))
     for label, ms in sorted(result.clock_ahead.items() if result.clock_ahead_by == "next entries" else []):
-        what, name = label.split(" ", 1)
-        ranks = [int(name)] if what == "rank" else sorted(result.per_host.filter(pl.col("host") == name)["ranks"][0])
+        what, name = label
+        ranks = [name] if what == "rank" else sorted(result.per_host.filter(pl.col("host") == name)["ranks"][0])
         out.append(Finding(
             kind="clock_offset", role="warning", ranks=ranks, hosts=[] if what == "rank" else [name],
             message=(f"{label} reads {ms:,.0f} ms late on its collectives (median), yet none of its peers waits for it "
@@ -545,7 +546,7 @@ def _clock_from_completions(result: TimingResult):
     from .load import format_ranks
     from .report import Finding
 
-    by_rank = {int(label.split(" ", 1)[1]): ms for label, ms in result.clock_ahead.items()}
+    by_rank = {suspect.name: ms for suspect, ms in result.clock_ahead.items()}
     ranks = sorted(by_rank)
     ms = sorted(by_rank.values())[(len(by_rank) - 1) // 2]
     one = len(ranks) == 1

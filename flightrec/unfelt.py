@@ -18,18 +18,30 @@ on the collectives it was late in, is late by its clock only (`completed_late`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import polars as pl
 
 from .schema import WATCHDOG_POLL_MS
+
+
+class Suspect(NamedTuple):
+    """A rank or a host flagged late: `Suspect("rank", 5)`, `Suspect("host", "node3")`; reads "rank 5"."""
+
+    kind: str       # "rank" or "host"
+    name: int | str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.name}"
 
 # peers "felt" the lateness when their gap to their next entry is at least this fraction of it
 FELT_FRACTION = 0.5
 
 
-def unfelt(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFrame,
-           threshold: float) -> dict[str, float]:
-    """Of the `flagged` ranks or hosts (label -> its ranks), those whose peers did not wait for them: label ->
-    the median lateness (ms) nobody felt. `units`: the timing window (rank, group, collective_seq_id,
+def unfelt(flagged: dict[Suspect, list[int]], units: pl.DataFrame, late: pl.DataFrame,
+           threshold: float) -> dict[Suspect, float]:
+    """Of the `flagged` ranks or hosts (suspect -> its ranks), those whose peers did not wait for them: suspect
+    -> the median lateness (ms) nobody felt. `units`: the timing window (rank, group, collective_seq_id,
     time_created_ns); `late`: lateness per member (group, collective_seq_id, rank, late_ms). A label with no
     collective to judge it on (no peer with a next entry) is not returned."""
     if not flagged:
@@ -41,9 +53,8 @@ def unfelt(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFram
                           .alias("_gap"))
             .join(late.lazy().select(*key, "rank", "late_ms"), on=[*key, "rank"])
             .collect())
-    # (every label at once: a label -> rank table joined, not a filter of the window per label)
-    labels = pl.DataFrame([(label, r) for label, ranks in flagged.items() for r in ranks],
-                          schema={"_label": pl.String, "rank": pl.Int64}, orient="row")
+    # (every suspect at once: a suspect -> rank table joined, not a filter of the window per suspect)
+    suspects, labels = _labels(flagged)
     # the collectives each was late in, by how much (the least late of its ranks)
     mine = (gaps.join(labels, on="rank").filter(pl.col("late_ms") >= threshold)
             .group_by("_label", *key).agg(pl.col("late_ms").min().alias("_late")))
@@ -55,13 +66,13 @@ def unfelt(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFram
               .group_by("_label").agg(pl.col("_felt").mean()))
     unfelt_labels = waited.filter(pl.col("_felt") < 0.5)["_label"].to_list()
     lateness = dict(mine.group_by("_label").agg(pl.col("_late").median()).iter_rows())
-    return {label: float(lateness[label]) for label in unfelt_labels}
+    return {suspects[label]: float(lateness[label]) for label in sorted(unfelt_labels)}
 
 
-def completed_late(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.DataFrame,
-                   threshold: float) -> dict[str, float]:
-    """Of the `flagged` ranks (label -> its ranks), those whose completion times run as late as their enqueue
-    times: label -> the median lateness (ms), which is their clock's. `units`: the timing window (group,
+def completed_late(flagged: dict[Suspect, list[int]], units: pl.DataFrame, late: pl.DataFrame,
+                   threshold: float) -> dict[Suspect, float]:
+    """Of the `flagged` ranks (suspect -> its ranks), those whose completion times run as late as their enqueue
+    times: suspect -> the median lateness (ms), which is their clock's. `units`: the timing window (group,
     collective_seq_id, rank, time_created_ns, time_completed_ns); `late`: lateness per member (group,
     collective_seq_id, rank, late_ms). On each collective the rank was late in, its completion is read against
     that of the member it is late against (the first to enqueue). The watchdog stamps completions up to a poll
@@ -71,8 +82,7 @@ def completed_late(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.
     if not flagged:
         return {}
     key = ["group", "collective_seq_id"]
-    labels = pl.DataFrame([(label, r) for label, ranks in flagged.items() for r in ranks],
-                          schema={"_label": pl.String, "rank": pl.Int64}, orient="row")
+    suspects, labels = _labels(flagged)
     done = (units.lazy().select(*key, "rank", "time_created_ns", "time_completed_ns")
             .filter(pl.col("time_completed_ns").is_not_null()))
     mine = (late.lazy().select(*key, "rank", "late_ms").join(labels.lazy(), on="rank")
@@ -89,5 +99,12 @@ def completed_late(flagged: dict[str, list[int]], units: pl.DataFrame, late: pl.
                  ((pl.col("_ahead") > WATCHDOG_POLL_MS) & (pl.col("_ahead") >= pl.col("late_ms") - WATCHDOG_POLL_MS))
                  .mean().alias("_clock"),
                  pl.col("late_ms").median().alias("_late"))
-             .filter(pl.col("_clock") >= 0.5).collect())
-    return {label: float(ms) for label, _, ms in ahead.iter_rows()}
+             .filter(pl.col("_clock") >= 0.5).sort("_label").collect())
+    return {suspects[label]: float(ms) for label, _, ms in ahead.iter_rows()}
+
+
+def _labels(flagged: dict[Suspect, list[int]]) -> tuple[list[Suspect], pl.DataFrame]:
+    """The suspects in order, and (_label, rank): each suspect's ranks under its position in that order."""
+    suspects = list(flagged)
+    return suspects, pl.DataFrame([(i, r) for i, s in enumerate(suspects) for r in flagged[s]],
+                                  schema={"_label": pl.Int64, "rank": pl.Int64}, orient="row")
