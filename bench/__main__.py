@@ -16,6 +16,8 @@ import argparse
 import shutil
 import tempfile
 
+from flightrec import tape
+
 from .data import dataset
 from .ingest import PICKLE_FLOOR, parse_sizes
 from .measure import (
@@ -102,8 +104,12 @@ def main(argv=None) -> None:
     if args.vs_torchfrtrace and not args.torchfrtrace:
         ap.error("--vs-torchfrtrace: no torchfrtrace found; install torch or pass --torchfrtrace PATH")
     prelude = WITHOUT_BUILT_READER if args.without_built_reader else ""
-    if not args.without_built_reader:
-        ensure_built_reader()
+    built = not args.without_built_reader and ensure_built_reader()
+    if args.vs_jit_start and not built:
+        ap.error("--vs-jit-start compares the built reader with numba's JIT start: install the `fast` extra")
+    reader = ("the tape reader built ahead of time" if built else
+              "the tape reader started by numba's JIT from 128 MB of dumps, the unpickler below"
+              if tape.available() else "the unpickler (no numba)")
     rows = []
     for ranks, entries in parse_sizes(args.sizes):
         rows.append(measure(ranks, entries, args.repeat, args.torchfrtrace if args.vs_torchfrtrace else None, prelude,
@@ -111,7 +117,8 @@ def main(argv=None) -> None:
         print(table(rows[-1:]), flush=True)
     print()
     print(table(rows))
-    print(f"(median of {args.repeat} fresh processes per cell; verdict at the largest size: {rows[-1]['summary']})")
+    print(f"(median of {args.repeat} fresh processes per cell; cold runs read with {reader}; verdict at the largest "
+          f"size: {rows[-1]['summary']})")
 
 
 if __name__ == "__main__":
