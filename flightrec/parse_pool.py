@@ -9,6 +9,7 @@ import ctypes
 import gc
 import multiprocessing
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
@@ -26,6 +27,10 @@ from .readers import parse_dump_bytes, read_dump_bytes
 # dumps (half their bytes the 8,192-rank world list): even at 1,024 files (95 MB), 1.3 s either way; at 2,048
 # (190 MB), 1.7 vs 2.5 s. Built ahead of time (`tape_build`) it starts in milliseconds: used at any size.
 TAPE_MIN_BYTES = 128 << 20
+
+# Said where the tape reader starts by numba's JIT: the one-time build that removes that start is easy to miss.
+JIT_START_HINT = ("the fast reader was compiled by numba as each worker started (~0.7 s of the run); "
+                  "`flightrec build-reader` compiles it once (~20 s, needs a C compiler) so that it starts at once")
 
 
 def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
@@ -187,6 +192,8 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
     chunks = _chunks(files, max(1, min(len(files), workers * 8)))
     use_tape = _use_tape(reader, sum(f.size for f in files))
+    if use_tape and not tape.built():
+        warnings.warn(JIT_START_HINT, stacklevel=2)
     results: list[dict] = []
     done = 0
     if workers == 1 or len(files) < 8:

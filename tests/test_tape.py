@@ -90,6 +90,27 @@ def test_load_gives_the_same_trace_either_way(tmp_path):
 
 
 
+def test_the_jit_start_says_how_to_skip_it(tmp_path, monkeypatch):
+    """Read by numba's JIT (never built ahead of time) a load warns once, naming `flightrec build-reader`;
+    built, or read by the unpickler, it says nothing."""
+    from flightrec import parse_pool
+
+    out = tmp_path / "job"
+    synth.generate(synth.Job(tp=2, pp=1, dp=2, steps=2), out)
+
+    def hints(reader: str) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load(out, LoadOptions(use_cache=False, reader=reader, workers=1))
+        return [str(w.message) for w in caught if "build-reader" in str(w.message)]
+
+    monkeypatch.setattr(tape, "built", lambda: False)
+    assert hints("tape") == [parse_pool.JIT_START_HINT]
+    assert hints("unpickler") == []
+    monkeypatch.setattr(tape, "built", lambda: True)
+    assert hints("tape") == []
+
+
 def test_pooled_workers_load_the_reader_and_leave_the_caller_alone(tmp_path):
     """With a pool, each worker loads the compiled reader (with numba's BLAS probe answered "absent"): the
     caller's process never imports numba, so its own numba code keeps its linear algebra."""
