@@ -619,7 +619,7 @@ def link_reach(job: Job, hosts: tuple[str, str]) -> dict[str, tuple[int, int]]:
     reach: dict[str, set] = defaultdict(set)
     total: dict[str, set] = defaultdict(set)
     for rank in range(job.world_size):
-        for op in _schedule(job, rank, by_rank, range(1)):
+        for op in _schedule(job, rank, by_rank):
             kind = "p2p" if op.is_p2p else op.group.desc
             total[kind].add(op.group.name)
             if set(hosts) <= {job.host_of(m) for m in _Sim._partners(op)}:
