@@ -131,3 +131,37 @@ def test_order_swap_it_reports_the_victim_first_we_name_the_rank_that_broke_the_
     assert report.culprits["ranks"] == [6] == expected("order_swap")["fault"]["ranks"]
     assert (root.kind, root.collective_seq_id, root.process_group.name) == ("not_joined", 3, "5")
     assert sorted(root.evidence["deadlock"]["ranks"]) == [2, 6]
+
+
+def _recorded_runs(case: str) -> list[tuple[str, int, str]]:
+    """Each torchfrtrace command in the case's golden, in order: (section, exit code, output)."""
+    runs = []
+    for section in (FIXTURES / case / "torchfrtrace.txt").read_text().split("\n## ")[1:]:
+        for run in section.split("\n$ torchfrtrace")[1:]:
+            _, _, output = run.partition("\n")
+            runs.append((section[:1], int(re.search(r"\[exit code: (-?\d+)\]", output)[1]), output))
+    return runs
+
+
+def test_the_side_by_side_bench_scores_torchfrtraces_real_output():
+    """`bench.vs_torchfrtrace` scores torchfrtrace by what it prints: read on its recorded output, a crash is a
+    crash, a refusal is what `--allow-incomplete-ranks` is run for, and a report naming the culprit is right."""
+    from bench.vs_torchfrtrace import reports, score_theirs
+
+    scored = {}
+    for case in recorded_cases():
+        fault = expected(case).get("fault") or {}
+        truth = {"ranks": fault.get("ranks", [])}
+        for section, code, output in _recorded_runs(case):
+            if section == "1":   # the unmodified Gloo dumps: it crashes on every one
+                assert score_theirs(fault.get("kind", ""), truth, code, output)[0] == "crash", case
+            elif "Missing dump files" not in output:
+                scored[case] = score_theirs(fault.get("kind", ""), truth, code, output)[0]
+    assert scored["skip_collective"] == scored["type_mismatch"] == scored["dtype_mismatch"] == "right"
+    assert scored["healthy"] == "nothing"
+    assert scored["dead_rank"] == "undecided"    # (run again with --allow-incomplete-ranks: it can't decide)
+    # its first report is a data-parallel symptom; the culprit, rank 5, comes later
+    assert scored["subgroups_per_host"] == "among others"
+    assert reports("error msg: Culprit rank 43; Error type: A, Culprit rank 35; Error type: B") == []
+    assert reports("Collective sequence number: 0 has errors\nerror msg: Culprit rank 43; Error type: A, "
+                   "Culprit rank 35; Error type: B") == [{"ranks": [35, 43]}]
