@@ -7,6 +7,7 @@ we must be right."""
 
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -133,35 +134,80 @@ def test_order_swap_it_reports_the_victim_first_we_name_the_rank_that_broke_the_
     assert sorted(root.evidence["deadlock"]["ranks"]) == [2, 6]
 
 
-def _recorded_runs(case: str) -> list[tuple[str, int, str]]:
-    """Each torchfrtrace command in the case's golden, in order: (section, exit code, output)."""
-    runs = []
-    for section in (FIXTURES / case / "torchfrtrace.txt").read_text().split("\n## ")[1:]:
-        for run in section.split("\n$ torchfrtrace")[1:]:
-            _, _, output = run.partition("\n")
-            runs.append((section[:1], int(re.search(r"\[exit code: (-?\d+)\]", output)[1]), output))
+def _recorded_runs(case: str) -> dict[str, list[tuple[int, str]]]:
+    """Each torchfrtrace command in the case's golden, by section ("1", "2"), in order: (exit code, output)."""
+    runs: dict[str, list[tuple[int, str]]] = {}
+    section, output = "", None
+    for line in (FIXTURES / case / "torchfrtrace.txt").read_text().splitlines():
+        heading = re.match(r"## (\d+)\.", line)
+        if heading:
+            section = heading[1]
+        elif line.startswith("$ torchfrtrace"):
+            output = []
+        elif output is not None and (code := re.match(r"\[exit code: (-?\d+)\]", line)):
+            runs.setdefault(section, []).append((int(code[1]), "\n".join(output)))
+            output = None
+        elif output is not None:
+            output.append(line)
     return runs
 
 
+def _as_a_user_would(runs: list[tuple[int, str]]) -> tuple[int, str]:
+    """A refusal for missing dumps followed by its rerun with --allow-incomplete-ranks, read as one answer (as
+    `bench.vs_torchfrtrace` does)."""
+    code, output = runs[0]
+    if code != 0 and "Missing dump files" in output and len(runs) > 1:
+        return runs[1][0], output + "\n" + runs[1][1]
+    return code, output
+
+
 def test_the_side_by_side_bench_scores_torchfrtraces_real_output():
-    """`bench.vs_torchfrtrace` scores torchfrtrace by what it prints: read on its recorded output, a crash is a
-    crash, a refusal is what `--allow-incomplete-ranks` is run for, and a report naming the culprit is right."""
-    from bench.vs_torchfrtrace import reports, score_theirs
+    """`bench.vs_torchfrtrace` scores torchfrtrace by what it prints, read here on its recorded output: a crash is
+    a crash; a refusal names the ranks whose dumps are missing, then its rerun's reports follow; the first report
+    that names ranks is its answer."""
+    from bench.vs_torchfrtrace import score_theirs
 
     scored = {}
     for case in recorded_cases():
         fault = expected(case).get("fault") or {}
         truth = {"ranks": fault.get("ranks", [])}
-        for section, code, output in _recorded_runs(case):
-            if section == "1":   # the unmodified Gloo dumps: it crashes on every one
-                assert score_theirs(fault.get("kind", ""), truth, code, output)[0] == "crash", case
-            elif "Missing dump files" not in output:
-                scored[case] = score_theirs(fault.get("kind", ""), truth, code, output)[0]
-    assert scored["skip_collective"] == scored["type_mismatch"] == scored["dtype_mismatch"] == "right"
+        runs = _recorded_runs(case)
+        assert runs["1"] and all(score_theirs("", truth, code, out)[0] == "crash" for code, out in runs["1"]), case
+        scored[case] = score_theirs(fault.get("kind", ""), truth, *_as_a_user_would(runs["2"]))[0]
+    assert scored["skip_collective"] == scored["type_mismatch"] == "right"
     assert scored["healthy"] == "nothing"
-    assert scored["dead_rank"] == "undecided"    # (run again with --allow-incomplete-ranks: it can't decide)
+    assert scored["dead_rank"] == "right"          # (refused, naming rank 3, the one that left no dump)
     # its first report is a data-parallel symptom; the culprit, rank 5, comes later
     assert scored["subgroups_per_host"] == "among others"
-    assert reports("error msg: Culprit rank 43; Error type: A, Culprit rank 35; Error type: B") == []
-    assert reports("Collective sequence number: 0 has errors\nerror msg: Culprit rank 43; Error type: A, "
-                   "Culprit rank 35; Error type: B") == [{"ranks": [35, 43]}]
+    # (the hand-repaired dtype_mismatch copy lacked rank 0's dump: the refusal names it first)
+    assert scored["dtype_mismatch"] == "among others"
+
+
+def test_the_side_by_side_bench_reads_a_refusal_and_its_rerun_on_a_pipeline_job():
+    """Recorded on a synthetic pipeline-parallel job whose host went down: the refusal names the host's ranks,
+    as does every "cannot decide" after it; later reports name data-parallel symptoms. Right, as flightrec is
+    when it names the ranks that left no dump."""
+    from bench.vs_torchfrtrace import reports, score_theirs
+
+    text = (Path(__file__).parent / "data" / "torchfrtrace_host_down_pipeline.txt").read_text()
+    named = [r["ranks"] for r in reports(text) if r["ranks"]]
+    assert named[0] == [14, 15] and [12] in named and [13] in named
+    assert score_theirs("host_down", {"ranks": [14, 15]}, 0, text) == ("right", "")
+    assert score_theirs("host_down", {"ranks": [12]}, 0, text)[0] == "among others"
+    # links and NICs by the hosts of the ranks named: one report must hold both ends of a link
+    host_of = lambda rank: f"node{rank // 2:05d}"  # noqa: E731
+    assert score_theirs("nic_down", {"hosts": ["node00007"], "links": []}, 0, text, host_of)[0] == "right"
+    assert score_theirs("dead_link", {"hosts": [], "links": [["node00006", "node00007"]]}, 0, text, host_of)[0] == "WRONG"
+
+
+def test_the_side_by_side_bench_tells_an_inverted_answer():
+    """When its reference rank is the culprit, torchfrtrace names every other member: inverted, not wrong."""
+    from bench.vs_torchfrtrace import reports, score_theirs
+
+    text = ("Collective sequence number: 0 has errors\nexpected ranks: {43, 35, 51, 59}\n"
+            "error msg: Culprit rank 43; Error type: SIZE_OR_SYNTAX_MISMATCH, Culprit rank 35; Error type: "
+            "SIZE_OR_SYNTAX_MISMATCH, Culprit rank 51; Error type: SIZE_OR_SYNTAX_MISMATCH")
+    assert reports(text) == [{"ranks": [35, 43, 51], "expected": [35, 43, 51, 59]}]
+    assert score_theirs("size_mismatch", {"ranks": [59]}, 0, text)[0] == "inverted"
+    assert score_theirs("size_mismatch", {"ranks": [7]}, 0, text)[0] == "WRONG"
+    assert score_theirs("size_mismatch", {"ranks": [59]}, 1, "Traceback (most recent call last)\nEOFError")[0] == "crash"
