@@ -34,6 +34,7 @@ class Suspect(NamedTuple):
     def __str__(self) -> str:
         return f"{self.kind} {self.name}"
 
+
 # peers "felt" the lateness when their gap to their next entry is at least this fraction of it
 FELT_FRACTION = 0.5
 
@@ -42,7 +43,7 @@ def unfelt(flagged: dict[Suspect, list[int]], units: pl.DataFrame, late: pl.Data
            threshold: float) -> dict[Suspect, float]:
     """Of the `flagged` ranks or hosts (suspect -> its ranks), those whose peers did not wait for them: suspect
     -> the median lateness (ms) nobody felt. `units`: the timing window (rank, group, collective_seq_id,
-    time_created_ns); `late`: lateness per member (group, collective_seq_id, rank, late_ms). A label with no
+    time_created_ns); `late`: lateness per member (group, collective_seq_id, rank, late_ms). A suspect with no
     collective to judge it on (no peer with a next entry) is not returned."""
     if not flagged:
         return {}
