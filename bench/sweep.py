@@ -237,17 +237,22 @@ def _score_ranks(kind: str, truth: dict, report, damaged: list[int]) -> tuple[st
     return ("partial", "") if set(truth["ranks"]) <= set(named) else ("WRONG", f"named {named}")
 
 
-def table(rows: list[dict], key) -> str:
+def table(rows: list[dict], key, result=lambda row: row["result"], results: tuple[str, ...] = RESULTS) -> str:
+    """Counts of each row's `result(row)` (one column per `results`) per `key(row)`, and a total."""
     counts = collections.defaultdict(collections.Counter)
     for row in rows:
-        counts[key(row)][row["result"]] += 1
-    lines = ["| | " + " | ".join(RESULTS) + " | jobs |", "|---" * (len(RESULTS) + 2) + "|"]
+        counts[key(row)][result(row)] += 1
+    lines = ["| | " + " | ".join(results) + " | jobs |", "|---" * (len(results) + 2) + "|"]
     for name in sorted(counts):
         c = counts[name]
-        lines.append(f"| {name} | " + " | ".join(str(c[r]) for r in RESULTS) + f" | {sum(c.values())} |")
-    total = collections.Counter(row["result"] for row in rows)
-    lines.append("| **all** | " + " | ".join(f"**{total[r]}**" for r in RESULTS) + f" | **{len(rows)}** |")
+        lines.append(f"| {name} | " + " | ".join(str(c[r]) for r in results) + f" | {sum(c.values())} |")
+    total = collections.Counter(result(row) for row in rows)
+    lines.append("| **all** | " + " | ".join(f"**{total[r]}**" for r in results) + f" | **{len(rows)}** |")
     return "\n".join(lines)
+
+
+def damage_label(row: dict) -> str:
+    return "no damage" if not row["damage"] else f"{row['damage'][0]} {row['damage'][1]}"
 
 
 def main(argv=None) -> None:
@@ -267,7 +272,7 @@ def main(argv=None) -> None:
         Path(args.out).write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
     print(table(rows, lambda row: row["fault"]["kind"]))
     print()
-    print(table(rows, lambda row: "no damage" if not row["damage"] else f"{row['damage'][0]} {row['damage'][1]}"))
+    print(table(rows, damage_label))
     for row in rows:
         if row["result"] in ("WRONG", "ERROR"):
             print(f"{row['result']} job {row['index']}: {row['fault']['kind']}, damage {row['damage']}: {row['why']}")

@@ -31,7 +31,6 @@ by `bench.sweep.score`; a job whose dumps or flightrec fail scores flightrec ERR
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
 import re
@@ -45,7 +44,7 @@ from pathlib import Path
 
 from flightrec import analyze, synth
 
-from .sweep import HANGS, _damage, draw, score
+from .sweep import HANGS, _damage, damage_label, draw, score, table
 
 PREFIX = "nccl_trace_rank_"
 THEIRS = ("right", "inverted", "among others", "nothing", "WRONG", "crash", "not run")
@@ -205,24 +204,6 @@ def run(case: dict, workdir: str, command: str) -> dict:
         shutil.rmtree(out, ignore_errors=True)
 
 
-def table(rows: list[dict], key, result, results: tuple[str, ...]) -> str:
-    """Counts of `result(row)` per `key(row)`."""
-    counts = collections.defaultdict(collections.Counter)
-    for row in rows:
-        counts[key(row)][result(row)] += 1
-    lines = ["| | " + " | ".join(results) + " | jobs |", "|---" * (len(results) + 2) + "|"]
-    for name in sorted(counts):
-        c = counts[name]
-        lines.append(f"| {name} | " + " | ".join(str(c[r]) for r in results) + f" | {sum(c.values())} |")
-    total = collections.Counter(result(row) for row in rows)
-    lines.append("| **all** | " + " | ".join(f"**{total[r]}**" for r in results) + f" | **{len(rows)}** |")
-    return "\n".join(lines)
-
-
-def _damage_label(row: dict) -> str:
-    return "no damage" if not row["damage"] else f"{row['damage'][0]} {row['damage'][1]}"
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=100)
@@ -240,7 +221,7 @@ def main(argv=None) -> None:
     if args.out:
         Path(args.out).write_text("".join(json.dumps(row, default=str) + "\n" for row in rows))
     # (by pipeline too: torchfrtrace's matching of sends and receives is where most of its wrong answers are)
-    for title, key in (("fault", lambda row: row["fault"]["kind"]), ("damage", _damage_label),
+    for title, key in (("fault", lambda row: row["fault"]["kind"]), ("damage", damage_label),
                        ("pipeline", lambda row: "pp > 1" if row["job"]["pp"] > 1 else "pp = 1")):
         print(f"flightrec, by {title}:\n{table(rows, key, lambda row: row['ours'], OURS)}\n")
         for order in ORDERS:
