@@ -88,13 +88,10 @@ def checked(name: str, fn):
 
 
 def _sources() -> dict:
-    """The Python function behind each compiled one, and the inlined helpers the walker calls."""
+    """The Python function behind each compiled one: `tape._<name>_py` for each name of `SIGNATURES`."""
     from . import tape
 
-    return {"walk": tape._walk_py, "dense_codes": tape._dense_codes_py, "group_by_parent": tape._group_by_parent_py,
-            "distinct_items": tape._distinct_items_py, "children_of": tape._children_of_py, "pivot": tape._pivot_py,
-            "same_texts": tape._same_texts_py, "same_sequences": tape._same_sequences_py,
-            "sequence_keys": tape._sequence_keys_py, "scalars": tape._scalars_py}
+    return {name: getattr(tape, f"_{name}_py") for name in SIGNATURES}
 
 
 def module_name() -> str | None:
