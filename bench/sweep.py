@@ -19,6 +19,9 @@ group of each kind it slows is slowed, the world group alone for instance, and n
 recorded); WRONG (a wrong culprit, a fault called healthy, a healthy job called
 faulty); ERROR (an exception: a bug). Prints the table by fault kind and by damage.
 
+With `--only-active` the same jobs are written as a recorder set to `TORCH_INCLUDE_ONLY_ACTIVE` writes them:
+NCCL's dumps then hold only the entries it has not seen complete (timing faults leave nothing to see).
+
 With `--no-hosts` every job's dumps are one flat folder with no host map: only ranks are scored, and a link,
 a NIC, a slow link or a whole host late as one (a tensor-parallel group inside it waits on itself at one pace)
 scores unseeable unless a wrong rank is named.
@@ -263,8 +266,13 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None, help="write every job's description and result here (JSON lines)")
     ap.add_argument("--no-hosts", action="store_true",
                     help="withhold host placement (one flat folder, no hosts file): only ranks are scored")
+    ap.add_argument("--only-active", action="store_true",
+                    help="the same jobs, their recorders set to keep only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE; "
+                         "a no-op for Gloo's)")
     args = ap.parse_args(argv)
     cases = [draw(args.seed, i) | ({"hosts": "none"} if args.no_hosts else {}) for i in range(args.jobs)]
+    if args.only_active:
+        cases = [case | {"job": case["job"] | {"only_active": True}} for case in cases]
     with tempfile.TemporaryDirectory(prefix="flightrec-sweep-") as workdir, \
             ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(run, cases, [workdir] * len(cases)))

@@ -64,6 +64,8 @@ class Job:
     timing: bool = True            # TORCH_NCCL_ENABLE_TIMING: 'started' states and duration_ms
     backend: str = "nccl"          # "gloo": what ProcessGroupGloo's recorder writes (`_as_gloo`)
     with_stacks: bool = True
+    # TORCH_INCLUDE_ONLY_ACTIVE: the writer leaves out the entries it saw complete (NCCL's; Gloo's sees none)
+    only_active: bool = False
     fault: Fault = field(default_factory=Fault)
     seed: int = 0
     relabel: tuple[int, ...] = ()  # rank labels: logical rank i is called relabel[i] (tests of equivariance)
@@ -542,6 +544,8 @@ def build_dump(job: Job, rank: int, entries: list[dict], by_rank: dict[int, dict
         return _as_gloo(job, entries, by_rank[rank])
     minor = _version_minor(job.version)
     kept = entries[-job.buffer_size:] if job.buffer_size else []
+    if job.only_active:
+        kept = [e for e in kept if e["time_discovered_completed_ns"] is None]
     groups = list(by_rank[rank].values())
     status = {}
     for i, g in enumerate(groups):
