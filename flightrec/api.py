@@ -116,6 +116,7 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
         refused=[{"path": trace.relative(p), "reason": "; ".join(r).replace(str(trace.root).rstrip("/") + "/", "")}
                  for p, r in refused.select("path", "problems").iter_rows()],
         host_source=topo.source,
+        only_active=bool(trace.dumps["only_active"].fill_null(False).any()),
     )
     if refused.height:
         warnings.warn(f"{refused.height} dump file(s) could not be read; see the report's 'dumps.refused'",

@@ -36,6 +36,7 @@ from .schema import (
     Text,
     conform,
     empty,
+    reports_completion,
 )
 from .shards import find_shards, read_shards
 
@@ -356,15 +357,40 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         entries = entries.sort("rank", "record_id")
 
     dumps = _check_declared_ranks(dumps, memberships, members)
-    dumps = conform(dumps.with_columns(
-        pl.col("rank").is_in(entries.select(pl.col("rank").filter(pl.col("record_id") == 0).unique()).to_series()
-                             .implode()).not_()
-        .and_(pl.col("entry_count") > 0).alias("wrapped")), DUMPS_WITH_LOADED).sort("rank")
+    dumps = conform(_history_kept(dumps, entries, raw["pg_status"]), DUMPS_WITH_LOADED).sort("rank")
     return Trace(
         root=root, dumps=dumps, entries=entries, stacks=raw["stacks"].unique("stack_id").sort("stack_id"),
         groups=groups, members=members, memberships=memberships,
         pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
     )
+
+
+def _history_kept(dumps: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame) -> pl.DataFrame:
+    """`wrapped` and `only_active`: which dumps hold only part of their rank's history.
+
+    A recorder numbers its entries 0, 1, 2, ... (`record_id`) and dumps the newest it kept: a whole history
+    starts at 0 with no gap. One that starts later rolled its oldest entries out of the ring buffer; one with
+    gaps had entries left out by the writer: with `TORCH_INCLUDE_ONLY_ACTIVE` (`onlyActive`) NCCL's writes only
+    those it has not seen complete. Such a dump holds no `completed` entry, while its pg_status counts completed
+    collectives: then every dump of the job was written so (the setting is the job's), even one with no entry
+    left (its rank had nothing in flight: not a dump that lost its entries). Either way, a group with no entry
+    in the dump is no proof that the rank never joined it: how far it got there is its pg_status's to say."""
+    spans = (entries.lazy().select(pl.col("rank").set_sorted(), "record_id").group_by("rank")
+             .agg(((pl.col("record_id").min() > 0)
+                   | (pl.col("record_id").max() - pl.col("record_id").min() + 1 > pl.col("record_id").count()))
+                  .alias("_partial"))
+             .collect())
+    # (Gloo's writer never marks an entry completed, and drops nothing for `onlyActive`: its dumps don't count;
+    # the scan of every entry's state last, where the rest holds)
+    only_active = bool(spans["_partial"].any() and (pg_status["last_completed"] > 0).any()
+                       and dumps.select(reports_completion(pl.col("backend")).any()).item()
+                       and not (entries["state"] == "completed").any())
+    ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
+    return (dumps.join(spans, on="rank", how="left").join(ran, on="rank", how="left")
+            .with_columns(pl.lit(only_active).alias("only_active"))
+            .with_columns((pl.col("_partial").fill_null(False) & (pl.col("entry_count") > 0)
+                           | pl.col("only_active") & pl.col("_ran").fill_null(False)).alias("wrapped"))
+            .drop("_partial", "_ran"))
 
 
 def _rank_and_name() -> pl.Expr:

@@ -20,6 +20,7 @@ from .schema import (
     PROGRESS,
     TRUNCATED,
     conform,
+    reports_completion,
 )
 
 
@@ -58,10 +59,6 @@ def is_p2p_closer() -> pl.Expr:
     )
 
 
-# Backends whose recorder marks entries completed (CUDA/XPU events). Gloo's never does.
-COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl")
-
-
 def tracks_completion(tracks: pl.DataFrame, entries: pl.DataFrame) -> pl.Expr:
     """Each entry's `tracks_completion` (from `completion_by_rank`), read by rank from a table laid out over
     every rank in `entries`: no join. Built once per matching, used by units and p2p pairing."""
@@ -77,11 +74,14 @@ def completion_by_rank(entries: pl.DataFrame, dumps: pl.DataFrame) -> pl.DataFra
     # faster at 31M entries; flagging the whole frame instead slows the runs in `collective_units` 4x)
     seen = (entries.lazy().select(pl.col("rank").set_sorted(), "state").group_by("rank")
             .agg(pl.col("state").is_in(["started", "completed"]).any().alias("_seen")).collect())
-    backend = dumps.select(
-        "rank", pl.col("backend").fill_null("").str.split(",")
-        .list.eval(pl.element().is_in(COMPLETION_BACKENDS)).list.any().alias("_backend"))
+    backend = dumps.select("rank", pl.when(pl.col("backend").is_not_null())
+                           .then(reports_completion(pl.col("backend"))).alias("_backend"))
+    # A dump with no entry names no backend: its rank's is the job's, where every dump that names one agrees
+    # (its pg_status counters then mean what theirs do: a dump cut before its entries, or one with nothing left)
+    named = backend["_backend"].drop_nulls()
+    job_wide = named.len() > 0 and bool(named.all())
     return (backend.join(seen, on="rank", how="full", coalesce=True)
-            .select("rank", (pl.col("_backend").fill_null(False) | pl.col("_seen").fill_null(False))
+            .select("rank", (pl.col("_backend").fill_null(job_wide) | pl.col("_seen").fill_null(False))
                     .alias("tracks_completion")))
 
 
@@ -218,12 +218,14 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     # last, are the ones lost), or holds no entry at all while its pg_status counters show it ran collectives
     # (a recorder that kept nothing, or a writer that left them out): it only looks behind. So its dump counts
     # as none (`has_dump`): it is never named as behind, and the wait-for graph still sees who provably waits on
-    # it, as for a rank that left no dump (a culprit whose dump was cut while it hung).
+    # it, as for a rank that left no dump (a culprit whose dump was cut while it hung). Not where the job's
+    # writer kept only unfinished entries (`only_active`): there an empty dump says its rank had nothing in
+    # flight, and its pg_status says how far it got (it counts as `wrapped`).
     ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
     rank_info = dumps.filter(pl.col("loaded")).join(ran, on="rank", how="left").select(
         "rank", pl.col("wrapped"),
         (pl.col("rank").is_in(cut_short(dumps).implode())
-         | ((pl.col("entry_count") == 0) & pl.col("_ran").fill_null(False))).alias("_unknown"),
+         | ((pl.col("entry_count") == 0) & pl.col("_ran").fill_null(False) & ~pl.col("wrapped"))).alias("_unknown"),
     ).with_columns((~pl.col("_unknown")).alias("has_dump")).join(tracks, on="rank", how="left")
     # (ranks whose buffer rolled past a group, and ranks whose dump was cut before their entries there: both
     # keep their pg_status, and only it says how far they got)
@@ -377,8 +379,11 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
     paired = (pl.concat([frame.select("rank", "group", "_st", "_fin") for frame in (default, one_each, by_peers)])
               .join(agrees.filter(~pl.col("_agrees")), on="rank", how="anti")
               .join(candidates, on=["group", "rank"], how="semi"))
-    return conform(paired.select("group", "rank", pl.when(pl.col("_st") >= 0).then("_st").alias("_st_enq"),
-                                 pl.when(pl.col("_fin") >= 0).then("_fin").alias("_st_fin")), out.schema)
+    # (-1 is the counters' start: nothing enqueued, or completed, in the group yet; below that, unreadable)
+    return conform(paired.select("group", "rank", pl.when(pl.col("_st") >= -1).then(pl.max_horizontal("_st", 0))
+                                 .alias("_st_enq"),
+                                 pl.when(pl.col("_fin") >= -1).then(pl.max_horizontal("_fin", 0)).alias("_st_fin")),
+                   out.schema)
 
 
 # ---------------------------------------------------------------------------------------------- collectives
@@ -469,6 +474,11 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -
     # is counted in it). A batch's state is its closer's, and the closer is recorded right after the batch:
     # read it by filling each closer's state and key backwards over the p2p rows, no join of 8M ops.
     closer = is_p2p_closer()
+    # Where the job's writer kept only unfinished entries (`only_active`), a batch that finished left its sends
+    # and receives (they read `scheduled` forever) without their closer: unknown, not pending. An op alone
+    # that reads `started` (timing on) is no batch's, and unfinished.
+    only_active = "only_active" in dumps.columns and bool(dumps["only_active"].fill_null(False).any())
+    own_pending = (pl.col("state") == "started") if only_active else (pl.col("state") != "completed")
     batch_state = pl.when(pl.col("_closer")).then(pl.col("state")).backward_fill()
     same_batch = pl.all_horizontal(pl.when(pl.col("_closer")).then(pl.col(c)).backward_fill() == pl.col(c)
                                    for c in ("rank", "group", "p2p_seq_id"))
@@ -479,11 +489,11 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -
         .filter(pl.col("is_p2p") | pl.col("_closer"))
         .with_columns(pl.when(same_batch).then(batch_state).alias("_batch_state"))
         .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
-        .with_columns(completion.alias("_tracks"),
-                      pl.coalesce("_batch_state", "state").alias("_st"))
+        .with_columns(completion.alias("_tracks"))
         # (a dump cut short lost its newest entries, the closers that say a batch finished among them: its
         # unfinished-looking ops say nothing, as its last collectives don't (`progress`: has_dump))
-        .with_columns((pl.col("_tracks") & (pl.col("_st") != "completed")
+        .with_columns((pl.col("_tracks") & pl.when(pl.col("_batch_state").is_not_null())
+                       .then(pl.col("_batch_state") != "completed").otherwise(own_pending)
                        & ~pl.col("rank").is_in(cut_short(dumps).implode())).alias("pending"))
         .with_columns(
             pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),

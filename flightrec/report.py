@@ -70,6 +70,8 @@ class DumpSummary:
     versions: list[str]
     refused: list[dict[str, str]] = field(default_factory=list)
     host_source: str = "none"
+    # the job's writer kept only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): nothing finished to compare or time
+    only_active: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,7 @@ class Report:
                 "versions": self.dumps.versions,
                 "refused": self.dumps.refused,
                 "host_source": self.dumps.host_source,
+                "only_active": self.dumps.only_active,
             },
             **({"scope": self.scope} if self.scope else {}),
         }
@@ -166,6 +169,9 @@ class Report:
             text += f"; missing: ranks {format_ranks(d.missing_ranks)}"
         if d.refused:
             text += f"; {len(d.refused)} file(s) refused"
+        if d.only_active:
+            text += ("; written with only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): how far each rank got "
+                     "is read from its pg_status, and no finished collective is left to compare shapes or times with")
         if self.scope:
             sc = self.scope
             text += (f"; scope: --pg {sc['pg']}, {sc['groups']} of {sc['of_groups']} groups (ranks can be waiting in "

@@ -40,6 +40,16 @@ Text = pl.Categorical()
 # A process group's identity (see GROUPS): categorical, since every stage groups and joins on it.
 GroupId = pl.Categorical()
 
+# Backends whose recorder marks entries completed (CUDA/XPU events). Gloo's never does.
+COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl")
+
+
+def reports_completion(backend: pl.Expr) -> pl.Expr:
+    """A dump's `backend` ("nccl", "gloo", "nccl,gloo": from its entries' names) includes one whose recorder
+    marks entries completed."""
+    return backend.fill_null("").str.split(",").list.eval(pl.element().is_in(COMPLETION_BACKENDS)).list.any()
+
+
 # The dump problem (prefix) meaning its newest entries are lost (written last): how far the rank got is unknown.
 TRUNCATED = "truncated file"
 
@@ -52,7 +62,8 @@ DUMPS = pl.Schema({
     "backend": pl.String,
     "comm_lib_version": pl.String,
     "entry_count": pl.Int64,
-    "wrapped": pl.Boolean,       # first record_id > 0: the ring buffer dropped older entries
+    "wrapped": pl.Boolean,       # holds part of the rank's history: older entries rolled out or left out (load)
+    "only_active": pl.Boolean,   # the job's writer kept only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE)
     "problems": pl.List(pl.String),
 })
 

@@ -1,0 +1,122 @@
+"""Dumps written with `TORCH_INCLUDE_ONLY_ACTIVE` (`onlyActive`): NCCL's writer leaves out every entry it saw
+complete, so a dump holds only what was in flight, and its pg_status says how far the rank got elsewhere."""
+
+import json
+import pickle
+import warnings
+from pathlib import Path
+
+import jsonschema
+import polars as pl
+import pytest
+
+from flightrec import LoadOptions, analyze, load, synth
+from flightrec.readers import loads_plain_pickle, parse_dump_bytes
+
+SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def _analyze(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(path, use_cache=False)
+    jsonschema.validate(report.to_dict(), SCHEMA)
+    return report
+
+
+def test_the_generator_leaves_out_what_completed(make_job):
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, only_active=True))
+    full, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2))
+    kept = loads_plain_pickle((out / "nccl_trace_rank_0").read_bytes())["entries"]
+    every = loads_plain_pickle((full / "nccl_trace_rank_0").read_bytes())["entries"]
+    assert kept == [e for e in every if e["time_discovered_completed_ns"] is None]
+    assert 0 < len(kept) < len(every)
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_a_healthy_pipeline_job_reads_healthy(make_job, timing):
+    # Batched sends and receives read `scheduled` forever; their closers, which say the batch finished, are
+    # left out: those transfers are unknown, not in flight. And a group with no entry left is no group the
+    # rank never joined.
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, timing=timing, only_active=True))
+    report = _analyze(out)
+    assert report.verdict == "healthy", report.summary
+    assert report.trace.dumps["only_active"].all()
+    assert report.trace.dumps["wrapped"].all()
+    assert report.matching.p2p.filter(pl.col("status") != "matched").height == 0
+    assert report.to_dict()["dumps"]["only_active"] is True
+    assert "TORCH_INCLUDE_ONLY_ACTIVE" in report.to_text()
+
+
+FAULTS = [
+    # a tensor-parallel collective the rank never joined: its peers' entry ties the group to its pg_status key
+    dict(kind="not_joined", rank=5, phase="tp"),
+    # the first data-parallel collective: the rank's counter there is still -1 (nothing enqueued)
+    dict(kind="not_joined", rank=5, phase="dp", step=0),
+    dict(kind="host_down", rank=5, hosts=("node00002",)),
+]
+
+
+@pytest.mark.parametrize("timing", [True, False])
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f['kind']}-{f.get('phase', '')}{f.get('step', '')}")
+def test_the_culprit_is_named_from_unfinished_entries_and_pg_status(make_job, fault, timing):
+    job = synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, timing=timing, only_active=True,
+                    fault=synth.Fault(**fault))
+    out, truth = make_job(job)
+    report = _analyze(out)
+    assert report.verdict == "fault", report.summary
+    assert report.culprits["ranks"] == truth["ranks"]
+
+
+def test_a_rank_with_nothing_in_flight_is_read_from_its_pg_status(make_job):
+    # Every dp collective rank 5 should have joined completed nowhere (it never came), and its other work
+    # finished: its dump may hold no entry at all, which says nothing is in flight on it, not that it is lost.
+    job = synth.Job(tp=1, pp=1, dp=4, ranks_per_host=1, only_active=True,
+                    fault=synth.Fault(kind="not_joined", rank=3, phase="dp"))
+    out, truth = make_job(job)
+    assert loads_plain_pickle((out / "nccl_trace_rank_3").read_bytes())["entries"] == []
+    report = _analyze(out)
+    assert report.culprits["ranks"] == truth["ranks"] == [3]
+    assert [f.kind for f in report.root_causes] == ["not_joined"]
+
+
+@pytest.mark.parametrize("backend", ["nccl", "gloo"])
+def test_whole_dumps_are_not_taken_for_only_active_ones(make_job, backend):
+    # (Gloo's writer never sees an entry complete: the setting leaves its dumps whole)
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, backend=backend, only_active=backend == "gloo",
+                                fault=synth.Fault(kind="not_joined", rank=5)))
+    trace = load(out, LoadOptions(use_cache=False))
+    assert not trace.dumps["only_active"].any()
+    assert not trace.dumps["wrapped"].any()
+
+
+@pytest.mark.parametrize("case", ["healthy", "straggler_pipeline", "rolled_past_dp"])
+def test_recorded_dumps_are_whole_or_rolled_never_only_active(case):
+    trace = load(FIXTURES / case, LoadOptions(use_cache=False))
+    assert not trace.dumps["only_active"].any()
+    assert trace.dumps["wrapped"].all() == (case == "rolled_past_dp")
+
+
+def test_a_recorded_dump_with_an_entry_left_out_holds_part_of_its_history(tmp_path):
+    # A gap in the record ids: the writer left an entry out, so a group with nothing left is no proof
+    src = FIXTURES / "subgroups_per_host"
+    for path in src.rglob("nccl_trace_rank_*"):
+        target = tmp_path / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(path.read_bytes())
+    path = next(tmp_path.rglob("nccl_trace_rank_1"))
+    dump = loads_plain_pickle(path.read_bytes())
+    dump["entries"] = dump["entries"][:2] + dump["entries"][3:]
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    trace = load(tmp_path, LoadOptions(use_cache=False))
+    assert trace.dumps.filter(pl.col("wrapped"))["rank"].to_list() == [1]
+
+
+def test_a_pickle_cut_before_its_entries_keeps_its_pg_status():
+    data = (FIXTURES / "skip_collective" / "nccl_trace_rank_0").read_bytes()
+    whole = loads_plain_pickle(data)
+    cut = data[:data.index(b"entries") + 40]   # (inside the first entry)
+    dump, _ = parse_dump_bytes(cut, "nccl_trace_rank_0")
+    assert dump["entries"] == [] and dump["_truncated"]
+    assert dump["pg_status"] == whole["pg_status"]
