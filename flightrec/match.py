@@ -232,7 +232,7 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     rolled_out = _rolled_out_status(per, members, pg_status, p2p_groups, trace_entries,
                                     rank_info.filter((pl.col("has_dump") & pl.col("wrapped")) | pl.col("_unknown"))
                                     .select("rank", pl.col("_unknown").alias("_cut")),
-                                    default_groups)
+                                    default_groups, groups)
     out = (
         members.join(per, on=["group", "rank"], how="left")
         .join(rank_info, on="rank", how="left")
@@ -314,7 +314,8 @@ def _moved_on(prog: pl.DataFrame, entries: pl.DataFrame) -> pl.Expr:
 
 
 def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.DataFrame, p2p_groups: pl.DataFrame,
-                       entries: pl.DataFrame, wrapped: pl.DataFrame, default_groups: pl.DataFrame) -> pl.DataFrame:
+                       entries: pl.DataFrame, wrapped: pl.DataFrame, default_groups: pl.DataFrame,
+                       declared: pl.DataFrame | None = None) -> pl.DataFrame:
     """(group, rank, _st_enq, _st_fin): how far a rank got in a group none of its entries is in, from its
     pg_status (enqueued, completed).
 
@@ -323,7 +324,8 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
     pg_status says how far it got there. Its keys are local pg ids, which only the rank's entries tie to
     groups: the default group's is 0, and then read where that leaves the rank one group and one key without
     entries; and only where the rank's counters agree with its newest entries in every group they can be
-    checked on. Not for groups with sends and receives, whose seq some recorders count in.
+    checked on. Not for groups with sends and receives, whose seq some recorders count in. Else by the order
+    the rank made its groups (`_ids_in_creation_order`; `declared`: the trace's groups, with pg_name and source).
 
     `wrapped`: (rank, _cut). A rank with `_cut` set left a dump cut short: its pg_status, written before the
     entries, survived while its newest entries did not, so its counters need only be at or past them."""
@@ -374,9 +376,17 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
         by_peers = (peer_key.join(keys, on=["rank", "pg_id"])
                     .filter(pl.len().over("rank", "pg_id") == 1)
                     .select("rank", "group", "_st", "_fin"))
+    tied = pl.concat([frame.select("rank", "group", "_st", "_fin") for frame in (default, one_each, by_peers)])
+    by_order = tied.clear()
+    if declared is not None:
+        rest = candidates.join(tied, on=["rank", "group"], how="anti").join(shown, on=["rank", "group"], how="anti")
+        if rest.height:
+            by_order = (_ids_in_creation_order(declared, members, pg_status, entries)
+                        .join(rest, on=["rank", "group"], how="semi")
+                        .join(keys, on=["rank", "pg_id"]).select("rank", "group", "_st", "_fin"))
     # (a rank none of whose counters can be checked against its entries is taken at its word; one whose
     # counters contradict its entries somewhere is not)
-    paired = (pl.concat([frame.select("rank", "group", "_st", "_fin") for frame in (default, one_each, by_peers)])
+    paired = (pl.concat([tied, by_order])
               .join(agrees.filter(~pl.col("_agrees")), on="rank", how="anti")
               .join(candidates, on=["group", "rank"], how="semi"))
     # (-1 is the counters' start: nothing enqueued, or completed, in the group yet; below that, unreadable)
@@ -384,6 +394,34 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
                                  .alias("_st_enq"),
                                  pl.when(pl.col("_fin") >= -1).then(pl.max_horizontal("_fin", 0)).alias("_st_fin")),
                    out.schema)
+
+
+def _ids_in_creation_order(declared: pl.DataFrame, members: pl.DataFrame, pg_status: pl.DataFrame,
+                           entries: pl.DataFrame) -> pl.DataFrame:
+    """(rank, pg_id, group): each rank's local pg ids tied to its groups by the order it made them.
+
+    Every process calls `new_group` for every group, members or not, and the group's name counts those calls
+    ("0" the default group, "1", "2", ...); a local id counts only the groups the process is in. So a rank's
+    groups sorted by name and its pg_status keys sorted pair up, where it has as many of each and every name is
+    a number (hashed names, `use_local_synchronization`, say nothing of order). Checked against every tie the
+    entries show (their pg_id and group): one that disagrees anywhere (groups made some other way) and no rank
+    is paired by order."""
+    config = declared.filter(pl.col("source") == "pg_config").select("group", "pg_name")
+    if config.height == 0 or not config["pg_name"].str.contains(r"^\d+$").all():
+        return pl.DataFrame(schema={"rank": pl.Int64, "pg_id": pl.Int64, "group": members.schema["group"]})
+    mine = (members.select("group", "rank").join(config, on="group")
+            .with_columns(pl.col("pg_name").cast(pl.Int64).alias("_made"))
+            .sort("rank", "_made").with_columns(pl.int_range(pl.len()).over("rank").alias("_k")))
+    ids = (pg_status.select("rank", "pg_id").unique().sort("rank", "pg_id")
+           .with_columns(pl.int_range(pl.len()).over("rank").alias("_k")))
+    alike = (mine.group_by("rank").len().join(ids.group_by("rank").len(), on="rank", suffix="_ids")
+             .filter(pl.col("len") == pl.col("len_ids")).select("rank"))
+    paired = mine.join(alike, on="rank").join(ids, on=["rank", "_k"]).select("rank", "pg_id", "group")
+    seen = (entries.lazy().select("rank", "pg_id", "group").drop_nulls().unique().collect()
+            .join(paired, on=["rank", "pg_id"], suffix="_by_order"))
+    if (seen["group"] != seen["group_by_order"]).any():
+        return paired.clear()
+    return paired
 
 
 # ---------------------------------------------------------------------------------------------- collectives

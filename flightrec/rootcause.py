@@ -648,6 +648,38 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
     return out
 
 
+def _no_entries_finding(trace: Trace) -> Finding | None:
+    """No dump holds an entry while their counters count collectives: written without them
+    (`includeCollectives=False`), or with only unfinished ones (`TORCH_INCLUDE_ONLY_ACTIVE`) when none was. No
+    collective can be matched and no rank said to wait on another. What the counters still say: who has a
+    collective in flight (enqueued more than it completed, in any group), and in the default group (local id 0
+    on every rank) who enqueued fewer than the others. `evidence["idle"]`: neither, as a job that stopped
+    cleanly leaves them."""
+    status = trace.pg_status
+    if trace.entries.height or status.height == 0 or not (status["last_enqueued"] > 0).any():
+        return None
+    default = status.filter(pl.col("pg_id") == 0).select("rank", "last_enqueued")
+    top = default["last_enqueued"].max() if default.height else None
+    behind = default.filter(pl.col("last_enqueued") < top)["rank"].to_list() if top is not None else []
+    in_flight = sorted(set(status.filter(pl.col("last_completed") < pl.col("last_enqueued"))["rank"].to_list()))
+    said = ""
+    if behind:
+        said += (f"; in the default group {format_ranks(behind)} enqueued fewer collectives than the others "
+                 f"(up to #{top})")
+    if in_flight:
+        said += f"; {format_ranks(in_flight)} had a collective in flight"
+    if not said:
+        said = "; they show every rank done with every collective it enqueued, all alike in the default group"
+    return Finding(
+        kind="no_entries", role="warning",
+        message=("no dump holds an entry (written without them, `includeCollectives=False`, or with only unfinished "
+                 "ones, `TORCH_INCLUDE_ONLY_ACTIVE`, and none was), so no collective can be matched and no rank said "
+                 "to wait on another; only their pg_status counters are left" + said),
+        evidence={"default_group": {"ranks_behind": behind, "enqueued_up_to": top}, "ranks_in_flight": in_flight,
+                  "idle": not behind and not in_flight},
+    )
+
+
 def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[int],
                       culprits: set[int] = frozenset(), stuck: set[int] = frozenset()) -> list[Finding]:
     out = []
@@ -733,17 +765,21 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
             evidence={"ranks": unrecorded}))
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
-    findings += symptoms + warnings
+    no_entries = _no_entries_finding(trace)
+    findings += symptoms + warnings + ([no_entries] if no_entries else [])
 
     if any(f.role == "root_cause" for f in findings):
         verdict = "fault"
         summary = "FAULT: " + findings[0].message
         if len([f for f in findings if f.role == "root_cause"]) > 1:
             summary += f" (+{len([f for f in findings if f.role == 'root_cause']) - 1} more root cause(s))"
-    elif symptoms or trace.missing_ranks:
+    elif symptoms or trace.missing_ranks or (no_entries and not no_entries.evidence["idle"]):
         verdict = "inconclusive"
-        first = symptoms[0] if symptoms else warnings[0]
+        first = symptoms[0] if symptoms else warnings[0] if warnings else no_entries
         summary = "INCONCLUSIVE: " + first.message
+    elif no_entries:
+        verdict = "healthy"
+        summary = "HEALTHY: " + no_entries.message
     else:
         verdict = "healthy"
         n_groups = m.progress["group"].n_unique()

@@ -120,3 +120,45 @@ def test_a_pickle_cut_before_its_entries_keeps_its_pg_status():
     dump, _ = parse_dump_bytes(cut, "nccl_trace_rank_0")
     assert dump["entries"] == [] and dump["_truncated"]
     assert dump["pg_status"] == whole["pg_status"]
+
+
+def test_dumps_written_without_entries_say_what_their_counters_can(tmp_path):
+    # `includeCollectives=False`: the writer leaves the `entries` key out. Recorded dumps (rank 2 skipped the
+    # all_reduce at seq 8) with it taken out: nothing can be matched, so no rank is named, but the counters
+    # still show rank 2 a collective short and the others with theirs in flight; never "healthy".
+    for path in (FIXTURES / "skip_collective").glob("nccl_trace_rank_*"):
+        dump = loads_plain_pickle(path.read_bytes())
+        del dump["entries"]
+        (tmp_path / path.name).write_bytes(pickle.dumps(dump, protocol=2))
+    report = _analyze(tmp_path)
+    assert report.verdict == "inconclusive"
+    assert report.culprits["ranks"] == []
+    (finding,) = [f for f in report.findings if f.kind == "no_entries"]
+    assert finding.evidence == {"default_group": {"ranks_behind": [2], "enqueued_up_to": 8},
+                                "ranks_in_flight": [0, 1, 3], "idle": False}
+    assert "includeCollectives=False" in report.summary
+
+
+def test_only_active_dumps_of_a_job_with_nothing_in_flight_hold_no_entry(make_job):
+    # Every collective completed: nothing is left to write. The counters say every rank is done: healthy.
+    out, _ = make_job(synth.Job(tp=1, pp=1, dp=4, ranks_per_host=1, only_active=True))
+    assert all(loads_plain_pickle(p.read_bytes())["entries"] == [] for p in out.glob("nccl_trace_rank_*"))
+    report = _analyze(out)
+    assert report.verdict == "healthy"
+    assert [f.evidence["idle"] for f in report.findings if f.kind == "no_entries"] == [True]
+
+
+def test_local_ids_are_tied_to_groups_by_the_order_they_were_made(make_job):
+    from flightrec.match import _ids_in_creation_order
+
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2))
+    trace = load(out, LoadOptions(use_cache=False))
+    by_order = _ids_in_creation_order(trace.groups, trace.members, trace.pg_status, trace.entries)
+    shown = trace.entries.select("rank", "pg_id", "group").unique()
+    assert by_order.height == trace.pg_status.height
+    assert shown.join(by_order, on=["rank", "pg_id"], suffix="_by_order").filter(
+        pl.col("group") != pl.col("group_by_order")).height == 0
+    # groups made in another order than their names say: the entries contradict it, and nothing is paired
+    renamed = trace.groups.with_columns(pl.col("pg_name").cast(pl.Int64).rank("ordinal", descending=True)
+                                        .cast(pl.String).alias("pg_name"))
+    assert _ids_in_creation_order(renamed, trace.members, trace.pg_status, trace.entries).height == 0
