@@ -342,6 +342,9 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
                                               hosts_file=hosts_file, ranks_per_host=ranks_per_host))
     # (a rank late once, past the timeout, is a root cause `analyze` names, not a straggler: a median hides it)
     late_joins = [f for f in report.root_causes if f.kind == "straggler"]
+    if report.dumps.only_active:
+        click.echo("These dumps hold only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): nothing finished is "
+                   "left to time, so lateness is read from the collectives in flight alone.\n")
     click.echo(lateness_table(report.timing, top=top, late_joins=late_joins))
 
 

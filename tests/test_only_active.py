@@ -162,3 +162,14 @@ def test_local_ids_are_tied_to_groups_by_the_order_they_were_made(make_job):
     renamed = trace.groups.with_columns(pl.col("pg_name").cast(pl.Int64).rank("ordinal", descending=True)
                                         .cast(pl.String).alias("pg_name"))
     assert _ids_in_creation_order(renamed, trace.members, trace.pg_status, trace.entries).height == 0
+
+
+def test_the_timing_command_says_why_it_has_little_to_time(make_job):
+    from click.testing import CliRunner
+
+    from flightrec.cli import main
+
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, only_active=True))
+    result = CliRunner().invoke(main, ["timing", str(out), "--no-cache", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "TORCH_INCLUDE_ONLY_ACTIVE" in result.output
