@@ -356,7 +356,8 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
     # (and never another group's, even where the default group is not known: none of its entries is left)
     keys = keys.filter(pl.col("pg_id") != 0)
     groups = groups.join(default, on=["rank", "group"], how="anti")
-    one_each = (keys.group_by("rank").agg(pl.len().alias("_k"), pl.col("_st").first(), pl.col("_fin").first())
+    one_each = (keys.group_by("rank").agg(pl.len().alias("_k"), pl.col("pg_id").first(), pl.col("_st").first(),
+                                          pl.col("_fin").first())
                 .join(groups.group_by("rank").agg(pl.len().alias("_g"), pl.col("group").first()), on="rank")
                 .filter((pl.col("_k") == 1) & (pl.col("_g") == 1)))
     # Else by the key the group's other members use for it (processes make their groups in one order: a group's
@@ -364,7 +365,7 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
     # members with the same local ids as the rank count: where some ranks are in an extra group (a first stage's
     # embedding group), the ids after it shift, and a peer's id for the group is another group's on this rank.
     left = groups.join(one_each, on="rank", how="anti").join(candidates, on=["group", "rank"], how="semi")
-    by_peers = one_each.clear().select("rank", "group", "_st", "_fin")
+    by_peers = one_each.clear().select("rank", "pg_id", "group", "_st", "_fin")
     if left.height:
         ids = pg_status.group_by("rank").agg(pl.col("pg_id").sort().alias("_ids"))
         used = (entries.lazy().filter(pl.col("group").is_in(left["group"].unique().implode()))
@@ -375,18 +376,34 @@ def _rolled_out_status(per: pl.DataFrame, members: pl.DataFrame, pg_status: pl.D
                     .filter(pl.len().over("rank", "group") == 1))
         by_peers = (peer_key.join(keys, on=["rank", "pg_id"])
                     .filter(pl.len().over("rank", "pg_id") == 1)
-                    .select("rank", "group", "_st", "_fin"))
-    tied = pl.concat([frame.select("rank", "group", "_st", "_fin") for frame in (default, one_each, by_peers)])
+                    .select("rank", "pg_id", "group", "_st", "_fin"))
+    tied = pl.concat([frame.select("rank", "pg_id", "group", "_st", "_fin") for frame in (default, one_each, by_peers)])
     by_order = tied.clear()
     if declared is not None:
         rest = candidates.join(tied, on=["rank", "group"], how="anti").join(shown, on=["rank", "group"], how="anti")
         if rest.height:
+            # (a group with no key there was never used: nothing enqueued, nothing completed)
             by_order = (_ids_in_creation_order(declared, members, pg_status, entries)
                         .join(rest, on=["rank", "group"], how="semi")
-                        .join(keys, on=["rank", "pg_id"]).select("rank", "group", "_st", "_fin"))
+                        .join(status, on=["rank", "pg_id"], how="left")
+                        .join(keys.select("rank", "pg_id", pl.lit(True).alias("_free")), on=["rank", "pg_id"],
+                              how="left")
+                        .filter(pl.col("_free").fill_null(False) | pl.col("_st").is_null())
+                        .select("rank", "pg_id", "group", pl.col("_st").fill_null(0), pl.col("_fin").fill_null(0)))
+    tied = pl.concat([tied, by_order])
+    # The writer makes a group's key at the rank's first entry there: once every key of a rank is tied (to a
+    # group its entries show, or above), a group of its left with none is one it never used, nothing enqueued.
+    all_tied = (status.select("rank", "pg_id")
+                .join(pl.concat([shown.select("rank", "pg_id"), tied.select("rank", "pg_id")]).unique(),
+                      on=["rank", "pg_id"], how="anti")
+                .select("rank").unique())
+    unused = (candidates.join(tied, on=["rank", "group"], how="anti").join(shown, on=["rank", "group"], how="anti")
+              .join(all_tied, on="rank", how="anti")
+              .select("rank", pl.lit(None, pl.Int64).alias("pg_id"), "group", pl.lit(0, pl.Int64).alias("_st"),
+                      pl.lit(0, pl.Int64).alias("_fin")))
     # (a rank none of whose counters can be checked against its entries is taken at its word; one whose
     # counters contradict its entries somewhere is not)
-    paired = (pl.concat([tied, by_order])
+    paired = (pl.concat([tied, unused.with_columns(pl.col("group").cast(tied.schema["group"]))])
               .join(agrees.filter(~pl.col("_agrees")), on="rank", how="anti")
               .join(candidates, on=["group", "rank"], how="semi"))
     # (-1 is the counters' start: nothing enqueued, or completed, in the group yet; below that, unreadable)
@@ -401,22 +418,22 @@ def _ids_in_creation_order(declared: pl.DataFrame, members: pl.DataFrame, pg_sta
     """(rank, pg_id, group): each rank's local pg ids tied to its groups by the order it made them.
 
     Every process calls `new_group` for every group, members or not, and the group's name counts those calls
-    ("0" the default group, "1", "2", ...); a local id counts only the groups the process is in. So a rank's
-    groups sorted by name and its pg_status keys sorted pair up, where it has as many of each and every name is
-    a number (hashed names, `use_local_synchronization`, say nothing of order). Checked against every tie the
-    entries show (their pg_id and group): one that disagrees anywhere (groups made some other way) and no rank
-    is paired by order."""
+    ("0" the default group, "1", "2", ...); a local id counts the groups the process is in (it builds one only
+    for those), and its pg_config lists them all. So the k-th of a rank's groups by name has local id k, where
+    every name is a number (hashed names, `use_local_synchronization`, say nothing of order) and no pg_status
+    key is past them. Whether the rank has a key for it or not: the writer makes a key at a group's first entry.
+    Checked against every tie the entries show (their pg_id and group): one that disagrees anywhere (groups made
+    some other way) and no rank is paired by order."""
     config = declared.filter(pl.col("source") == "pg_config").select("group", "pg_name")
     if config.height == 0 or not config["pg_name"].str.contains(r"^\d+$").all():
         return pl.DataFrame(schema={"rank": pl.Int64, "pg_id": pl.Int64, "group": members.schema["group"]})
     mine = (members.select("group", "rank").join(config, on="group")
             .with_columns(pl.col("pg_name").cast(pl.Int64).alias("_made"))
-            .sort("rank", "_made").with_columns(pl.int_range(pl.len()).over("rank").alias("_k")))
-    ids = (pg_status.select("rank", "pg_id").unique().sort("rank", "pg_id")
-           .with_columns(pl.int_range(pl.len()).over("rank").alias("_k")))
-    alike = (mine.group_by("rank").len().join(ids.group_by("rank").len(), on="rank", suffix="_ids")
-             .filter(pl.col("len") == pl.col("len_ids")).select("rank"))
-    paired = mine.join(alike, on="rank").join(ids, on=["rank", "_k"]).select("rank", "pg_id", "group")
+            .sort("rank", "_made").with_columns(pl.int_range(pl.len(), dtype=pl.Int64).over("rank").alias("pg_id")))
+    fits = (mine.group_by("rank").len()
+            .join(pg_status.group_by("rank").agg(pl.col("pg_id").max().alias("_top")), on="rank", how="left")
+            .filter(pl.col("_top").fill_null(-1) < pl.col("len")).select("rank"))
+    paired = mine.join(fits, on="rank").select("rank", "pg_id", "group")
     seen = (entries.lazy().select("rank", "pg_id", "group").drop_nulls().unique().collect()
             .join(paired, on=["rank", "pg_id"], suffix="_by_order"))
     if (seen["group"] != seen["group_by_order"]).any():
@@ -501,7 +518,8 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
 # ---------------------------------------------------------------------------------------------- p2p
 
 
-def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -> pl.DataFrame:
+def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
+              pg_status: pl.DataFrame | None = None) -> pl.DataFrame:
     """Pair sends with receives by (group, src, dst, k-th transfer).
 
     The k-th send from A to B is the k-th receive at B from A when neither buffer wrapped. When one did, the
@@ -513,20 +531,33 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -
     # read it by filling each closer's state and key backwards over the p2p rows, no join of 8M ops.
     closer = is_p2p_closer()
     # Where the job's writer kept only unfinished entries (`only_active`), a batch that finished left its sends
-    # and receives (they read `scheduled` forever) without their closer: unknown, not pending. An op alone
-    # that reads `started` (timing on) is no batch's, and unfinished.
+    # and receives (they read `scheduled` forever) without their closer, and an op sent alone and still in
+    # flight reads `scheduled` too (`started` only with timing on, once the GPU began it). The group's counters
+    # tell them apart: each batch, each op alone, is one work, and they hold the p2p seq of the latest work
+    # enqueued and completed. An op is unfinished where its seq is past the rank's completed one; not in a
+    # group that also runs collectives, whose counters mix the two seqs: there, unknown (not pending).
     only_active = "only_active" in dumps.columns and bool(dumps["only_active"].fill_null(False).any())
-    own_pending = (pl.col("state") == "started") if only_active else (pl.col("state") != "completed")
+    own_pending = pl.col("state") != "completed"
+    if only_active:
+        collective_groups = (entries.lazy().filter(~pl.col("is_p2p") & (pl.col("p2p_seq_id").fill_null(0) == 0))
+                             .select("group").unique().collect())
+        done = (pg_status.select("rank", "pg_id", pl.col("last_completed").alias("_done")) if pg_status is not None
+                else pl.DataFrame(schema={"rank": pl.Int64, "pg_id": pl.Int64, "_done": pl.Int64}))
+        own_pending = ((pl.col("state") == "started")
+                       | ((pl.col("p2p_seq_id") > pl.col("_done"))
+                          & ~pl.col("group").is_in(collective_groups["group"].implode())).fill_null(False))
     batch_state = pl.when(pl.col("_closer")).then(pl.col("state")).backward_fill()
     same_batch = pl.all_horizontal(pl.when(pl.col("_closer")).then(pl.col(c)).backward_fill() == pl.col(c)
                                    for c in ("rank", "group", "p2p_seq_id"))
     ops = (
         entries.lazy()
         .select("rank", "group", "p2p_seq_id", "record_id", "op", "peer", "state", "input_sizes", "output_sizes",
-                "is_p2p", closer.alias("_closer"))
+                "is_p2p", "pg_id", closer.alias("_closer"))
         .filter(pl.col("is_p2p") | pl.col("_closer"))
         .with_columns(pl.when(same_batch).then(batch_state).alias("_batch_state"))
         .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
+        .pipe(lambda ops: ops.join(done.lazy(), on=["rank", "pg_id"], how="left", maintain_order="left")
+              if only_active else ops)
         .with_columns(completion.alias("_tracks"))
         # (a dump cut short lost its newest entries, the closers that say a batch finished among them: its
         # unfinished-looking ops say nothing, as its last collectives don't (`progress`: has_dump))
@@ -537,7 +568,7 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr) -
             pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),
             pl.when(pl.col("op") == "send").then("peer").otherwise("rank").alias("dst"),
         )
-        .drop("is_p2p", "_closer")
+        .drop("is_p2p", "_closer", "pg_id", *(["_done"] if only_active else []))
     )
     # Pair over the whole window only where both ends kept their whole history.
     any_wrapped = dumps["wrapped"].any()
@@ -576,5 +607,5 @@ def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, du
     colls = classify(units, prog)
     return Matching(
         units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog, groups),
-        p2p=p2p_pairs(entries, dumps, completion),
+        p2p=p2p_pairs(entries, dumps, completion, pg_status),
     )

@@ -173,3 +173,46 @@ def test_the_timing_command_says_why_it_has_little_to_time(make_job):
     result = CliRunner().invoke(main, ["timing", str(out), "--no-cache", "-q"])
     assert result.exit_code == 0, result.output
     assert "TORCH_INCLUDE_ONLY_ACTIVE" in result.output
+
+
+def _unbatched(src: Path, out: Path) -> None:
+    """`src`'s dumps as a pipeline that sends and receives one op at a time (isend/irecv, no batch) writes them
+    with TORCH_INCLUDE_ONLY_ACTIVE: each op its own work (its own p2p seq, its own state, no closer), the
+    group's counters holding the latest op's seq enqueued and completed, finished ops left out."""
+    out.mkdir()
+    for path in src.iterdir():
+        dump = loads_plain_pickle(path.read_bytes())
+        closers = {(e["process_group"][0], e["p2p_seq_id"]): e for e in dump["entries"]
+                   if e["profiling_name"].endswith("coalesced")}
+        kept, seq = [], {}
+        for e in dump["entries"]:
+            if e["profiling_name"].endswith("coalesced"):
+                continue
+            if e["is_p2p"]:
+                closer = closers[(e["process_group"][0], e["p2p_seq_id"])]
+                seq[e["pg_id"]] = seq.get(e["pg_id"], 0) + 1
+                e = dict(e, p2p_seq_id=seq[e["pg_id"]], state=closer["state"],
+                         time_discovered_completed_ns=closer["time_discovered_completed_ns"])
+                status = dump["pg_status"].setdefault(str(e["pg_id"]), {"last_started_collective": -1,
+                                                                         "last_completed_collective": -1})
+                status["last_enqueued_collective"] = e["p2p_seq_id"]
+                if e["state"] == "completed":
+                    status["last_completed_collective"] = e["p2p_seq_id"]
+            kept.append(e)
+        dump["entries"] = [e for e in kept if e["time_discovered_completed_ns"] is None]
+        (out / path.name).write_bytes(pickle.dumps(dump, protocol=2))
+
+
+@pytest.mark.parametrize("fault", [None, dict(kind="not_joined", rank=2, phase="p2p")])
+def test_unbatched_sends_and_receives_in_flight_are_told_from_finished_batches(make_job, tmp_path, fault):
+    # With timing off an op in flight reads `scheduled`, as a finished batch's ops do: the counters tell them
+    # apart. Rank 2 never posts its transfer: its peers' ops are past their completed seq, and it is named.
+    job = synth.Job(tp=1, pp=4, dp=1, ranks_per_host=1, timing=False,
+                    fault=synth.Fault(**fault) if fault else synth.Fault())
+    src, truth = make_job(job)
+    _unbatched(src, tmp_path / "unbatched")
+    report = _analyze(tmp_path / "unbatched")
+    # (healthy, every op finished and was left out: no entry is left, and the counters say all is done)
+    assert report.trace.dumps["only_active"].all() == bool(fault)
+    assert report.verdict == ("fault" if fault else "healthy"), report.summary
+    assert report.culprits["ranks"] == truth["ranks"]
