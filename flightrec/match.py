@@ -597,12 +597,28 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
 # ---------------------------------------------------------------------------------------------- entry point
 
 
+def _finished_by_counters(units: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame) -> pl.DataFrame:
+    """Only-active dumps: a collective whose seq its rank's counters show completed is, whatever its entries
+    read. The writer left out every entry it saw complete, but an entry that never completes on its own stays:
+    a coalesced batch's members (its closer carries the state, and is what was left out). Not in groups with
+    sends and receives, whose counters mix p2p seqs in."""
+    p2p_groups = entries.lazy().filter(pl.col("is_p2p")).select("group").unique().collect()
+    done = pg_status.select("rank", "pg_id", pl.col("last_completed").alias("_done"))
+    return (units.join(done, on=["rank", "pg_id"], how="left", maintain_order="left")
+            .with_columns(pl.when((pl.col("collective_seq_id") <= pl.col("_done"))
+                                  & ~pl.col("group").is_in(p2p_groups["group"].implode()))
+                          .then(pl.lit("completed", dtype=units.schema["state"])).otherwise("state").alias("state"))
+            .drop("_done"))
+
+
 def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
           pg_status: pl.DataFrame) -> Matching:
     """Run every matching step over all groups at once."""
     tracks = completion_by_rank(entries, dumps)
     completion = tracks_completion(tracks, entries)
     units = collective_units(entries, groups, completion)
+    if "only_active" in dumps.columns and dumps["only_active"].fill_null(False).any():
+        units = _finished_by_counters(units, entries, pg_status)
     prog = progress(units, entries, members, dumps, pg_status, tracks, groups)
     colls = classify(units, prog)
     return Matching(

@@ -658,7 +658,11 @@ def _no_entries_finding(trace: Trace) -> Finding | None:
     status = trace.pg_status
     if trace.entries.height or status.height == 0 or not (status["last_enqueued"] > 0).any():
         return None
-    default = status.filter(pl.col("pg_id") == 0).select("rank", "last_enqueued")
+    # (local id 0 is the default group's where the recorder's backend runs it, as its group list says, or
+    # Gloo's with no list: else another group's, rank by rank)
+    listed = trace.groups.filter(pl.col("source") == "pg_config")
+    default_is_0 = listed.height == 0 or bool((listed["pg_desc"] == "default_pg").any())
+    default = status.filter((pl.col("pg_id") == 0) & default_is_0).select("rank", "last_enqueued")
     top = default["last_enqueued"].max() if default.height else None
     behind = default.filter(pl.col("last_enqueued") < top)["rank"].to_list() if top is not None else []
     in_flight = sorted(set(status.filter(pl.col("last_completed") < pl.col("last_enqueued"))["rank"].to_list()))

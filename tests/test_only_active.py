@@ -216,3 +216,22 @@ def test_unbatched_sends_and_receives_in_flight_are_told_from_finished_batches(m
     assert report.trace.dumps["only_active"].all() == bool(fault)
     assert report.verdict == ("fault" if fault else "healthy"), report.summary
     assert report.culprits["ranks"] == truth["ranks"]
+
+
+def test_entries_that_never_complete_on_their_own_are_finished_where_the_counters_say_so(make_job):
+    # A coalesced batch of collectives: its members never complete (its closer carries the state), so with
+    # only-active they stay on every member while their closer is left out once the batch is done. Ranks 0
+    # and 1's old tp collective is written back as such a member, still `scheduled`: "in flight on every
+    # member" unless the counters, which show it completed, are read.
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, only_active=True))
+    whole, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2))
+    for rank in (0, 1):
+        every = loads_plain_pickle((whole / f"nccl_trace_rank_{rank}").read_bytes())["entries"]
+        member = next(e for e in every if e["process_group"][1] == "tp" and e["collective_seq_id"] == 5)
+        member = dict(member, state="scheduled", time_discovered_completed_ns=None, duration_ms=None)
+        path = out / f"nccl_trace_rank_{rank}"
+        dump = loads_plain_pickle(path.read_bytes())
+        dump["entries"] = sorted(dump["entries"] + [member], key=lambda e: e["record_id"])
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+    report = _analyze(out)
+    assert report.verdict == "healthy", report.summary
