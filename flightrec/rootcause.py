@@ -477,7 +477,11 @@ def _stopped_note(ctx: _Context, rank: int, doing: str) -> str:
                 "another rank; analyze without --pg to follow it")
     tracks = ctx.m.progress.filter(pl.col("rank") == rank)["tracks_completion"].any()
     if not tracks:
-        return "its recorder does not report completion (Gloo): the last entry is where it stopped"
+        # (Gloo retires work that finished or failed at its timeout; and records no send or receive)
+        if last is not None and last.get("retired"):
+            return ("its recorder does not report completion (Gloo), but its last entry left the work queue: it went "
+                    "on past it, into host code or a send or receive (which Gloo does not record)")
+        return "its recorder does not report completion (Gloo): its last entry is still in the work queue"
     if doing.endswith("completed"):
         return "its last recorded op finished: it is stuck outside any collective (host code, data loader, GPU)"
     return "its last recorded op did not finish"
