@@ -44,7 +44,8 @@ class _Context:
         self.has_dump = loaded - self.damaged
         # the groups matched (all, or those `--pg` selected)
         self.analysed_groups = set(m.progress["group"].cast(pl.String).unique().to_list())
-        self.unrecorded_waits = _in_unrecorded_ops(trace, m)
+        # (the counters, where they show transfers, are the better evidence: the stage rule only without them)
+        self.unrecorded_waits = _in_unrecorded_ops(trace, m) or _stopped_with_their_group(m, w)
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -271,7 +272,9 @@ def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
 def _in_unrecorded_ops(trace: Trace, m: Matching) -> set[int]:
     """Ranks whose recorder keeps no completion states (Gloo) and whose pg_status shows an op enqueued and not
     finished under a local pg id none of their entries carries: Gloo records no send or receive, yet counts
-    them, so such a rank is waiting in a pipeline transfer, not stopped where its last entry is."""
+    them, so such a rank is waiting in a pipeline transfer, not stopped where its last entry is. (torch 2.13's
+    Gloo keeps no such key, making one only at a group's first recorded entry: fixtures/record_p2p_keys.py.
+    Kept for a recorder that does; `_stopped_with_their_group` reads what 2.13's dumps show.)"""
     gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
     pending = (trace.pg_status.filter(pl.col("last_enqueued") > pl.col("last_completed"))
                .join(gloo, on="rank", how="semi").select("rank", "pg_id"))
@@ -281,6 +284,28 @@ def _in_unrecorded_ops(trace: Trace, m: Matching) -> set[int]:
     recorded = (trace.entries.lazy().select("rank", "pg_id").join(pending.lazy(), on=["rank", "pg_id"], how="semi")
                 .unique().collect())
     return set(pending.join(recorded, on=["rank", "pg_id"], how="anti")["rank"].to_list())
+
+
+def _stopped_with_their_group(m: Matching, w: Waits) -> set[int]:
+    """Gloo ranks the others wait on that stopped past their last entry together with every member of one of
+    their groups (all at its same last collective, all waited on), where another such rank stopped alone (a
+    peer of it went on). Gloo records no send or receive, and keeps no counter for a group used only for them
+    (fixtures/record_p2p_keys.py): a pipeline stage whose every rank waits to receive from a stopped rank
+    looks stopped itself, at its last entry. A rank that stopped while its own peers went on is the likelier
+    cause; the stage that stopped whole, waiting on it, is held."""
+    prog = m.progress.filter(pl.col("has_dump") & ~pl.col("tracks_completion"))
+    roots = set(w.roots) & set(prog["rank"].to_list())
+    if len(roots) < 2:
+        return set()
+    level = (m.progress.group_by("group")
+             .agg(pl.col("rank"), pl.len().alias("_n"),
+                  pl.col("last_enqueued").n_unique().alias("_positions"),
+                  pl.col("last_enqueued").null_count().alias("_unknown"),
+                  pl.col("rank").is_in(list(roots)).all().alias("_all_roots"))
+             .filter((pl.col("_n") >= 2) & (pl.col("_positions") == 1) & (pl.col("_unknown") == 0)
+                     & pl.col("_all_roots")))
+    held = {r for ranks in level["rank"].to_list() for r in ranks}
+    return held if held and roots - held else set()
 
 
 def _missing_waits(ctx: _Context) -> list[tuple[int, str, int | None]]:
@@ -769,7 +794,9 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
         symptoms.append(Finding(
             kind="waiting", role="symptom", ranks=unrecorded, hosts=ctx.topo.hosts(unrecorded),
             message=(f"{ctx.ranks_label(unrecorded)} wait{'s' if len(unrecorded) == 1 else ''} in a send or receive "
-                     "their recorder does not record (Gloo: only pg_status counts it), not where their last entry is"),
+                     "their recorder does not record (Gloo), not where their last entry is: their pg_status counts "
+                     "one unfinished, or they stopped together with their whole group while a rank elsewhere "
+                     "stopped alone"),
             evidence={"ranks": unrecorded}))
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)

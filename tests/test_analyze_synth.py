@@ -570,6 +570,28 @@ def test_gloo_pipeline_ranks_waiting_in_unrecorded_transfers_are_not_named(make_
     assert unrecorded and unrecorded[0].ranks == [6, 7]
 
 
+def test_gloo_pipeline_stage_that_stopped_whole_is_held_without_counters(make_job):
+    """As above, written as torch 2.13's Gloo writes it: no pg_status key for the pipeline groups, used only for
+    sends and receives (fixtures/record_p2p_keys.py). Ranks 6 and 7 stopped past their last entries together,
+    their whole tp group level; rank 5 stopped while its tp peer went on: it is named, they are held."""
+    import pickle
+
+    from flightrec.readers import loads_plain_pickle
+
+    job = synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, backend="gloo", timing=False,
+                    fault=synth.Fault(kind="not_joined", rank=5))
+    out, truth = make_job(job, per_host_folders=True)
+    for path in out.rglob("nccl_trace_rank_*"):
+        dump = loads_plain_pickle(path.read_bytes())
+        used = {str(e["pg_id"]) for e in dump["entries"]}
+        dump["pg_status"] = {k: v for k, v in dump["pg_status"].items() if k in used}
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+    report = analyze(out, use_cache=False)
+    assert report.culprits["ranks"] == truth["ranks"] == [5], report.summary
+    unrecorded = [f for f in report.findings if f.role == "symptom" and "does not record" in f.message]
+    assert unrecorded and unrecorded[0].ranks == [6, 7]
+
+
 def test_gloo_host_down_its_groups_without_the_lost_rank_are_not_read_as_complete_and_stuck(make_job):
     """Gloo dumps declare no groups: they are read from who used them, so a dp group whose other member died
     with its dump read as the group {1}, complete and stuck in flight, and host node00001 was named down. The
