@@ -12,7 +12,7 @@ import polars as pl
 from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
 from .locate import locate
-from .match import Matching, match
+from .match import Matching, match, written_only_active
 from .report import DumpSummary, Report
 from .rootcause import diagnose
 from .timing import TimingOptions, analyze_timing
@@ -116,7 +116,7 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
         refused=[{"path": trace.relative(p), "reason": "; ".join(r).replace(str(trace.root).rstrip("/") + "/", "")}
                  for p, r in refused.select("path", "problems").iter_rows()],
         host_source=topo.source,
-        only_active=bool(trace.dumps["only_active"].fill_null(False).any()),
+        only_active=written_only_active(trace.dumps),
     )
     if refused.height:
         warnings.warn(f"{refused.height} dump file(s) could not be read; see the report's 'dumps.refused'",

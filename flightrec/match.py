@@ -59,6 +59,11 @@ def is_p2p_closer() -> pl.Expr:
     )
 
 
+def written_only_active(dumps: pl.DataFrame) -> bool:
+    """The job's writer kept only unfinished entries (`TORCH_INCLUDE_ONLY_ACTIVE`: load's `only_active`)."""
+    return "only_active" in dumps.columns and bool(dumps["only_active"].fill_null(False).any())
+
+
 def tracks_completion(tracks: pl.DataFrame, entries: pl.DataFrame) -> pl.Expr:
     """Each entry's `tracks_completion` (from `completion_by_rank`), read by rank from a table laid out over
     every rank in `entries`: no join. Built once per matching, used by units and p2p pairing."""
@@ -536,7 +541,7 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
     # tell them apart: each batch, each op alone, is one work, and they hold the p2p seq of the latest work
     # enqueued and completed. An op is unfinished where its seq is past the rank's completed one; not in a
     # group that also runs collectives, whose counters mix the two seqs: there, unknown (not pending).
-    only_active = "only_active" in dumps.columns and bool(dumps["only_active"].fill_null(False).any())
+    only_active = written_only_active(dumps)
     own_pending = pl.col("state") != "completed"
     if only_active:
         collective_groups = (entries.lazy().filter(~pl.col("is_p2p") & (pl.col("p2p_seq_id").fill_null(0) == 0))
@@ -617,7 +622,7 @@ def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, du
     tracks = completion_by_rank(entries, dumps)
     completion = tracks_completion(tracks, entries)
     units = collective_units(entries, groups, completion)
-    if "only_active" in dumps.columns and dumps["only_active"].fill_null(False).any():
+    if written_only_active(dumps):
         units = _finished_by_counters(units, entries, pg_status)
     prog = progress(units, entries, members, dumps, pg_status, tracks, groups)
     colls = classify(units, prog)
