@@ -234,7 +234,13 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     ).with_columns((~pl.col("_unknown")).alias("has_dump")).join(tracks, on="rank", how="left")
     # (ranks whose buffer rolled past a group, and ranks whose dump was cut before their entries there: both
     # keep their pg_status, and only it says how far they got)
-    rolled_out = _rolled_out_status(per, members, pg_status, p2p_groups, trace_entries,
+    # Only-active: a group none of whose members has an entry left had nothing in flight, so nobody waits
+    # there; its counters are not read (sends and receives all finished and left out, its counters would hold
+    # their p2p seqs as if collectives).
+    unread = (pl.concat([p2p_groups, members.select("group").unique()
+                         .join(trace_entries.lazy().select("group").unique().collect(), on="group", how="anti")])
+              if written_only_active(dumps) else p2p_groups)
+    rolled_out = _rolled_out_status(per, members, pg_status, unread, trace_entries,
                                     rank_info.filter((pl.col("has_dump") & pl.col("wrapped")) | pl.col("_unknown"))
                                     .select("rank", pl.col("_unknown").alias("_cut")),
                                     default_groups, groups)

@@ -235,3 +235,19 @@ def test_entries_that_never_complete_on_their_own_are_finished_where_the_counter
         path.write_bytes(pickle.dumps(dump, protocol=2))
     report = _analyze(out)
     assert report.verdict == "healthy", report.summary
+
+
+def test_a_pipeline_group_with_every_transfer_finished_is_not_read_as_collectives(make_job, tmp_path):
+    # Unbatched sends and receives all finished leave their pipeline groups with no entry on any rank, and
+    # counters holding p2p seqs: read as collectives, they made stages 'behind' in them and a deadlock across
+    # the default and pipeline groups. A dead link under a dp collective: in flight there, as on whole dumps.
+    job = synth.Job(tp=2, pp=4, dp=8, ranks_per_host=4, steps=6, microbatches=1, buffer_size=200, seed=717053,
+                    fault=synth.Fault(kind="dead_link", rank=15, step=2, phase="dp",
+                                      hosts=("node00003", "node00015")))
+    src, _ = make_job(job)
+    whole = _analyze(src)
+    _unbatched(src, tmp_path / "unbatched")
+    report = _analyze(tmp_path / "unbatched")
+    assert report.trace.dumps["only_active"].all()
+    assert report.verdict == whole.verdict == "inconclusive", report.summary
+    assert [f.kind for f in report.findings if f.role == "root_cause"] == []
