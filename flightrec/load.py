@@ -36,6 +36,7 @@ from .schema import (
     Text,
     conform,
     empty,
+    ran_collectives,
     reports_completion,
 )
 from .shards import find_shards, read_shards
@@ -385,7 +386,7 @@ def _history_kept(dumps: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.Data
     only_active = bool(spans["_partial"].any() and (pg_status["last_completed"] > 0).any()
                        and dumps.select(reports_completion(pl.col("backend")).any()).item()
                        and not (entries["state"] == "completed").any())
-    ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
+    ran = ran_collectives(pg_status)
     return (dumps.join(spans, on="rank", how="left").join(ran, on="rank", how="left")
             .with_columns(pl.lit(only_active).alias("only_active"))
             .with_columns((pl.col("_partial").fill_null(False) & (pl.col("entry_count") > 0)

@@ -20,6 +20,7 @@ from .schema import (
     PROGRESS,
     TRUNCATED,
     conform,
+    ran_collectives,
     reports_completion,
 )
 
@@ -226,7 +227,7 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     # it, as for a rank that left no dump (a culprit whose dump was cut while it hung). Not where the job's
     # writer kept only unfinished entries (`only_active`): there an empty dump says its rank had nothing in
     # flight, and its pg_status says how far it got (it counts as `wrapped`).
-    ran = pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
+    ran = ran_collectives(pg_status)
     rank_info = dumps.filter(pl.col("loaded")).join(ran, on="rank", how="left").select(
         "rank", pl.col("wrapped"),
         (pl.col("rank").is_in(cut_short(dumps).implode())
@@ -530,7 +531,7 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
 
 
 def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
-              pg_status: pl.DataFrame | None = None) -> pl.DataFrame:
+              pg_status: pl.DataFrame) -> pl.DataFrame:
     """Pair sends with receives by (group, src, dst, k-th transfer).
 
     The k-th send from A to B is the k-th receive at B from A when neither buffer wrapped. When one did, the
@@ -552,8 +553,7 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
     if only_active:
         collective_groups = (entries.lazy().filter(~pl.col("is_p2p") & (pl.col("p2p_seq_id").fill_null(0) == 0))
                              .select("group").unique().collect())
-        done = (pg_status.select("rank", "pg_id", pl.col("last_completed").alias("_done")) if pg_status is not None
-                else pl.DataFrame(schema={"rank": pl.Int64, "pg_id": pl.Int64, "_done": pl.Int64}))
+        done = pg_status.select("rank", "pg_id", pl.col("last_completed").alias("_done"))
         own_pending = ((pl.col("state") == "started")
                        | ((pl.col("p2p_seq_id") > pl.col("_done"))
                           & ~pl.col("group").is_in(collective_groups["group"].implode())).fill_null(False))

@@ -50,6 +50,11 @@ def reports_completion(backend: pl.Expr) -> pl.Expr:
     return backend.fill_null("").str.split(",").list.eval(pl.element().is_in(COMPLETION_BACKENDS)).list.any()
 
 
+def ran_collectives(pg_status: pl.DataFrame) -> pl.DataFrame:
+    """(rank, _ran): the rank's pg_status counts an enqueued collective in some group."""
+    return pg_status.group_by("rank").agg((pl.col("last_enqueued").max() > 0).alias("_ran"))
+
+
 # The dump problem (prefix) meaning its newest entries are lost (written last): how far the rank got is unknown.
 TRUNCATED = "truncated file"
 
