@@ -44,8 +44,14 @@ class _Context:
         self.has_dump = loaded - self.damaged
         # the groups matched (all, or those `--pg` selected)
         self.analysed_groups = set(m.progress["group"].cast(pl.String).unique().to_list())
-        # (the counters, where they show transfers, are the better evidence: the stage rule only without them)
-        self.unrecorded_waits = _in_unrecorded_ops(trace, m) or _stopped_with_their_group(m, w)
+        # Gloo ranks waiting in a send or receive their counters show unfinished (`_in_unrecorded_ops`)
+        self.unrecorded_waits = _in_unrecorded_ops(trace, m, w)
+        # Gloo ranks others wait on that went on past their last entry, where the job runs ops Gloo records
+        # nothing of: each may be blocked in one, on another stopped rank (`_root_findings` decides)
+        self.went_on = (_went_on_past_last_entry(trace, m, w) - self.unrecorded_waits
+                        if _runs_unrecorded_ops(trace, m) else set())
+        # those of them `_root_findings` holds (not named): beside another cause, or several with none
+        self.held_in_transfers: set[int] = set()
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -269,43 +275,83 @@ def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
     return preceded.join(left, on="dst", how="semi")
 
 
-def _in_unrecorded_ops(trace: Trace, m: Matching) -> set[int]:
-    """Ranks whose recorder keeps no completion states (Gloo) and whose pg_status shows an op enqueued and not
-    finished under a local pg id none of their entries carries: Gloo records no send or receive, yet counts
-    them, so such a rank is waiting in a pipeline transfer, not stopped where its last entry is. (torch 2.13's
-    Gloo keeps no such key, making one only at a group's first recorded entry: fixtures/record_p2p_keys.py.
-    Kept for a recorder that does; `_stopped_with_their_group` reads what 2.13's dumps show.)"""
+def _in_unrecorded_ops(trace: Trace, m: Matching, w: Waits) -> set[int]:
+    """Gloo ranks others wait on (roots of the wait graph, with a whole dump) whose pg_status counts an op
+    enqueued and not finished in a group where no entry of theirs is still in the work queue: Gloo records no
+    send or receive, yet counts them (every op, in `last_enqueued`), so such a rank waits in a transfer, not
+    where its last entry is. That shows where transfers run on a group that also runs collectives (the world
+    group, in the real fixture straggler_pipeline); a group used only for them has no key at all
+    (fixtures/record_p2p_keys.py): then `_runs_unrecorded_ops` and `_went_on_past_last_entry`."""
     gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
+    roots = gloo.filter(pl.col("rank").is_in(w.roots))
     pending = (trace.pg_status.filter(pl.col("last_enqueued") > pl.col("last_completed"))
-               .join(gloo, on="rank", how="semi").select("rank", "pg_id"))
+               .join(roots, on="rank", how="semi").select("rank", "pg_id"))
     if pending.height == 0:
         return set()
-    # (the entries streamed past the few pending keys: no distinct (rank, pg_id) of every entry)
-    recorded = (trace.entries.lazy().select("rank", "pg_id").join(pending.lazy(), on=["rank", "pg_id"], how="semi")
-                .unique().collect())
-    return set(pending.join(recorded, on=["rank", "pg_id"], how="anti")["rank"].to_list())
+    # (the entries streamed past the few pending keys: a queued entry there is the op it waits in)
+    queued = (trace.entries.lazy().select("rank", "pg_id", "retired")
+              .join(pending.lazy(), on=["rank", "pg_id"], how="semi").filter(~pl.col("retired").fill_null(False))
+              .select("rank", "pg_id").unique().collect())
+    return set(pending.join(queued, on=["rank", "pg_id"], how="anti")["rank"].to_list())
 
 
-def _stopped_with_their_group(m: Matching, w: Waits) -> set[int]:
-    """Gloo ranks the others wait on that stopped past their last entry together with every member of one of
-    their groups (all at its same last collective, all waited on), where another such rank stopped alone (a
-    peer of it went on). Gloo records no send or receive, and keeps no counter for a group used only for them
-    (fixtures/record_p2p_keys.py): a pipeline stage whose every rank waits to receive from a stopped rank
-    looks stopped itself, at its last entry. A rank that stopped while its own peers went on is the likelier
-    cause; the stage that stopped whole, waiting on it, is held."""
-    prog = m.progress.filter(pl.col("has_dump") & ~pl.col("tracks_completion"))
-    roots = set(w.roots) & set(prog["rank"].to_list())
-    if len(roots) < 2:
+def _runs_unrecorded_ops(trace: Trace, m: Matching) -> bool:
+    """Some Gloo rank ran ops its recorder kept no entry of (Gloo records no send or receive): it made a group
+    it never recorded in (`_unrecorded_groups`), or a counter runs past the last collective it recorded in a
+    group (Gloo counts every op in `last_enqueued`, while entries number collectives only: the real fixture
+    straggler_pipeline's sends on the world group)."""
+    if _unrecorded_groups(trace, m):
+        return True
+    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
+    recorded = (trace.entries.lazy().select("rank", "pg_id", "collective_seq_id", "is_p2p")
+                .join(gloo.lazy(), on="rank", how="semi").filter(~pl.col("is_p2p"))
+                .group_by("rank", "pg_id").agg(pl.col("collective_seq_id").max().alias("_seq")).collect())
+    return (trace.pg_status.join(recorded, on=["rank", "pg_id"])
+            .filter(pl.col("last_enqueued") > pl.col("_seq")).height > 0)
+
+
+def _unrecorded_groups(trace: Trace, m: Matching) -> list[int]:
+    """Gloo ranks (with a whole dump) that made a process group they never recorded an entry in: their
+    pg_status, keyed by local pg id (their groups counted in the order they made them), lacks a key below one
+    it has. torch makes a key at a group's first recorded entry, so a group used only for sends and receives
+    has none (fixtures/record_p2p_keys.py); nor has one never used, which the dumps can't tell apart."""
+    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
+    gaps = (trace.pg_status.join(gloo, on="rank", how="semi").group_by("rank")
+            .agg((pl.col("pg_id").max() + 1 > pl.col("pg_id").n_unique()).alias("_gap")).filter(pl.col("_gap")))
+    return sorted(gaps["rank"].to_list())
+
+
+def _went_on_past_last_entry(trace: Trace, m: Matching, w: Waits) -> set[int]:
+    """Gloo ranks others wait on (roots of the wait graph, with a whole dump) whose last entry left the work
+    queue: they went on past it, into host code or into an op Gloo does not record."""
+    gloo = set(m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump"))["rank"].to_list())
+    roots = [r for r in w.roots if r in gloo]
+    if not roots:
         return set()
-    level = (m.progress.group_by("group")
-             .agg(pl.col("rank"), pl.len().alias("_n"),
-                  pl.col("last_enqueued").n_unique().alias("_positions"),
-                  pl.col("last_enqueued").null_count().alias("_unknown"),
-                  pl.col("rank").is_in(list(roots)).all().alias("_all_roots"))
-             .filter((pl.col("_n") >= 2) & (pl.col("_positions") == 1) & (pl.col("_unknown") == 0)
-                     & pl.col("_all_roots")))
-    held = {r for ranks in level["rank"].to_list() for r in ranks}
-    return held if held and roots - held else set()
+    last = (trace.entries.lazy().select("rank", "record_id", "retired").filter(pl.col("rank").is_in(roots))
+            .sort("record_id").group_by("rank").agg(pl.col("retired").last()).collect())
+    return set(last.filter(pl.col("retired").fill_null(False))["rank"].to_list())
+
+
+def _held_in_transfers_finding(ctx: _Context, beside_cause: bool) -> Finding:
+    """The ranks `_root_findings` held as maybe blocked in a send or receive Gloo does not record: beside the
+    root cause above (`beside_cause`), or, with none, as the suspects one of which holds the others."""
+    ranks = sorted(ctx.held_in_transfers)
+    one = len(ranks) == 1
+    went = (f"{ctx.ranks_label(ranks)} {'is' if one else 'are'} waited on, but went on past {'its' if one else 'their'}"
+            " last entry (it left Gloo's work queue)")
+    if beside_cause:
+        message = (f"{went}: in a job running ops Gloo does not record (sends and receives), likely blocked in one, "
+                   "held by the root cause above")
+    else:
+        hosts = ctx.topo.hosts(ranks)
+        link = f", or a link between their hosts ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})," \
+            if len(hosts) > 1 else ""
+        message = (f"{went}, and nothing else holds the job: Gloo records no send or receive, and this job ran some "
+                   "(groups its ranks recorded nothing in, or counters past their recorded collectives), so one of "
+                   f"them{link} may hold the others in a transfer these dumps can't show")
+    return Finding(kind="waiting", role="symptom", ranks=ranks, hosts=ctx.topo.hosts(ranks), message=message,
+                   evidence={"ranks": ranks, "in_unrecorded_transfers": "held" if beside_cause else "suspects"})
 
 
 def _missing_waits(ctx: _Context) -> list[tuple[int, str, int | None]]:
@@ -364,7 +410,7 @@ def _beside_held(ctx: _Context) -> set[int]:
     behind = edges.filter((pl.col("kind") == "behind") & pl.col("src").str.starts_with("g:"))
     if behind.height == 0:
         return set()
-    held_ranks = [f"r:{r}" for r in set(ctx.w.waiting) | ctx.unrecorded_waits]
+    held_ranks = [f"r:{r}" for r in set(ctx.w.waiting) | ctx.unrecorded_waits | ctx.went_on]
     kind = {g: ref.desc for g, ref in ctx.groups.items()}
     # (a group -> laggard edge carries the seq its peers wait in: the laggard's next)
     held = (behind.group_by(pl.col("group").cast(pl.String), "seq")
@@ -397,13 +443,24 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     # whose laggards are held elsewhere (`_beside_held`). Those may be waiting on the missing rank itself (its
     # pipeline neighbours): they don't clear one that left no file at all where its whole host left none, or
     # where no host is known (a crashed rank is the likelier reason it went silent).
-    loose = ctx.unrecorded_waits | (_beside_held(ctx) if missing else set())
+    # Gloo ranks that went on past their last entry (`went_on`) may be blocked in a transfer too.
+    loose = ctx.unrecorded_waits | ctx.went_on | (_beside_held(ctx) if missing else set())
     if missing and loose:
         silent_ranks = set(ctx.trace.missing_ranks) - set(ctx.trace.dumps["rank"].to_list())
         silent = _silent_hosts(ctx, silent_ranks)
         kept = [r for r in missing if ctx.topo.host_of.get(r, None) in silent and r in silent_ranks]
         missing = sorted(kept + _still_unexplained(ctx, [r for r in missing if r not in kept], strict | loose))
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
+    # Which of those are held. A rank that went on past its last entry, in a job running ops Gloo does not
+    # record, stopped in host code (a cause) or in a send or receive, on a stopped peer: the dumps can't say.
+    # Beside a cause they can show (a mismatch, a deadlock, a hang in flight, a silent rank, a rank stopped in
+    # an op it recorded) it is held; several of them and nothing else can hold one another through transfers
+    # (a stage that never sends stops its neighbours' stages, whose peers wait on them all): none is named,
+    # `_held_in_transfers_finding` lists them. One alone is named.
+    went_on = ctx.went_on & set(roots)
+    if went_on and (explained or stuck or missing or set(roots) - went_on or len(went_on) > 1):
+        ctx.held_in_transfers = went_on
+        roots = [r for r in roots if r not in went_on]
     out: list[Finding] = []
 
     # A root is often waited on in several groups; name the op it should have run first: of those no other
@@ -795,22 +852,36 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
             kind="waiting", role="symptom", ranks=unrecorded, hosts=ctx.topo.hosts(unrecorded),
             message=(f"{ctx.ranks_label(unrecorded)} wait{'s' if len(unrecorded) == 1 else ''} in a send or receive "
                      "their recorder does not record (Gloo), not where their last entry is: their pg_status counts "
-                     "one unfinished, or they stopped together with their whole group while a rank elsewhere "
-                     "stopped alone"),
+                     "one unfinished"),
             evidence={"ranks": unrecorded}))
+    if ctx.held_in_transfers - culprits - explained:
+        symptoms.insert(0 if not findings else len(symptoms), _held_in_transfers_finding(ctx, bool(findings)))
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
     no_entries = _no_entries_finding(trace)
     findings += symptoms + warnings + ([no_entries] if no_entries else [])
 
-    if any(f.role == "root_cause" for f in findings):
+    named = any(f.role == "root_cause" for f in findings)
+    unrecorded_groups = [] if symptoms or named else _unrecorded_groups(trace, m)
+    if unrecorded_groups:
+        # (every recorded collective finished: on Gloo that is not a healthy job where sends and receives went
+        # unrecorded, and the dumps were most likely written because something timed out)
+        findings.append(Finding(
+            kind="unrecorded_groups", role="warning", ranks=unrecorded_groups, hosts=topo.hosts(unrecorded_groups),
+            message=(f"every rank with a dump finished every collective it recorded, but Gloo records no send or "
+                     f"receive, and {ctx.ranks_label(unrecorded_groups)} made process groups they recorded nothing in "
+                     "(a group used only for sends and receives, or never used): a hang in a send or receive would not "
+                     "show in these dumps"),
+            evidence={"ranks": unrecorded_groups}))
+    if named:
         verdict = "fault"
         summary = "FAULT: " + findings[0].message
         if len([f for f in findings if f.role == "root_cause"]) > 1:
             summary += f" (+{len([f for f in findings if f.role == 'root_cause']) - 1} more root cause(s))"
-    elif symptoms or trace.missing_ranks or (no_entries and not no_entries.evidence["idle"]):
+    elif symptoms or trace.missing_ranks or (no_entries and not no_entries.evidence["idle"]) or unrecorded_groups:
         verdict = "inconclusive"
-        first = symptoms[0] if symptoms else warnings[0] if warnings else no_entries
+        first = (symptoms[0] if symptoms else findings[-1] if unrecorded_groups else warnings[0] if warnings
+                 else no_entries)
         summary = "INCONCLUSIVE: " + first.message
     elif no_entries:
         verdict = "healthy"

@@ -591,9 +591,10 @@ def _as_gloo(job: Job, entries: list[dict], groups: dict[str, _Group]) -> dict:
     status = {}
     for i, grp in enumerate(groups.values()):
         mine = [e for e in entries if e["process_group"][0] == grp.name]
-        # (Not as the real writer: torch 2.13's Gloo makes no key for a group used only for sends and receives,
-        # which it never records (fixtures/record_p2p_keys.py). Kept, for now: flightrec's reading of Gloo
-        # pipeline hangs beside lost dumps stands on it (four tests); see docs/findings.md.)
+        # As torch 2.13's Gloo writes it (fixtures/record_p2p_keys.py): a group's key is made at its first
+        # recorded entry, so a group never used, or used only for sends and receives (never recorded), has none.
+        if not any(not e["is_p2p"] and not e["p2p_seq_id"] for e in mine):
+            continue
         if any(e["is_p2p"] for e in mine):
             # (a batch of transfers finished when its closer did: the entry after it, same p2p_seq_id)
             done = {e["p2p_seq_id"] for e in mine if not e["is_p2p"] and e["state"] == "completed"}
