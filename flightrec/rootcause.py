@@ -44,12 +44,9 @@ class _Context:
         self.has_dump = loaded - self.damaged
         # the groups matched (all, or those `--pg` selected)
         self.analysed_groups = set(m.progress["group"].cast(pl.String).unique().to_list())
-        # Gloo ranks waiting in a send or receive their counters show unfinished (`_in_unrecorded_ops`)
-        self.unrecorded_waits = _in_unrecorded_ops(trace, m, w)
         # Gloo ranks others wait on that went on past their last entry, where the job runs ops Gloo records
         # nothing of: each may be blocked in one, on another stopped rank (`_root_findings` decides)
-        self.went_on = (_went_on_past_last_entry(trace, m, w) - self.unrecorded_waits
-                        if _runs_unrecorded_ops(trace, m) else set())
+        self.went_on = _went_on_past_last_entry(trace, m, w) if _runs_unrecorded_ops(trace, m) else set()
         # those of them `_root_findings` holds (not named): beside another cause, or several with none
         self.held_in_transfers: set[int] = set()
 
@@ -275,26 +272,6 @@ def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
     return preceded.join(left, on="dst", how="semi")
 
 
-def _in_unrecorded_ops(trace: Trace, m: Matching, w: Waits) -> set[int]:
-    """Gloo ranks others wait on (roots of the wait graph, with a whole dump) whose pg_status counts an op
-    enqueued and not finished in a group where no entry of theirs is still in the work queue: Gloo records no
-    send or receive, yet counts them (every op, in `last_enqueued`), so such a rank waits in a transfer, not
-    where its last entry is. That shows where transfers run on a group that also runs collectives (the world
-    group, in the real fixture straggler_pipeline); a group used only for them has no key at all
-    (fixtures/record_p2p_keys.py): then `_runs_unrecorded_ops` and `_went_on_past_last_entry`."""
-    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
-    roots = gloo.filter(pl.col("rank").is_in(w.roots))
-    pending = (trace.pg_status.filter(pl.col("last_enqueued") > pl.col("last_completed"))
-               .join(roots, on="rank", how="semi").select("rank", "pg_id"))
-    if pending.height == 0:
-        return set()
-    # (the entries streamed past the few pending keys: a queued entry there is the op it waits in)
-    queued = (trace.entries.lazy().select("rank", "pg_id", "retired")
-              .join(pending.lazy(), on=["rank", "pg_id"], how="semi").filter(~pl.col("retired").fill_null(False))
-              .select("rank", "pg_id").unique().collect())
-    return set(pending.join(queued, on=["rank", "pg_id"], how="anti")["rank"].to_list())
-
-
 def _runs_unrecorded_ops(trace: Trace, m: Matching) -> bool:
     """Some Gloo rank ran ops its recorder kept no entry of (Gloo records no send or receive): it made a group
     it never recorded in (`_unrecorded_groups`), or a counter runs past the last collective it recorded in a
@@ -410,7 +387,7 @@ def _beside_held(ctx: _Context) -> set[int]:
     behind = edges.filter((pl.col("kind") == "behind") & pl.col("src").str.starts_with("g:"))
     if behind.height == 0:
         return set()
-    held_ranks = [f"r:{r}" for r in set(ctx.w.waiting) | ctx.unrecorded_waits | ctx.went_on]
+    held_ranks = [f"r:{r}" for r in set(ctx.w.waiting) | ctx.went_on]
     kind = {g: ref.desc for g, ref in ctx.groups.items()}
     # (a group -> laggard edge carries the seq its peers wait in: the laggard's next)
     held = (behind.group_by(pl.col("group").cast(pl.String), "seq")
@@ -425,8 +402,7 @@ def _beside_held(ctx: _Context) -> set[int]:
 def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
                    stuck_at: dict[str, int] | None = None) -> list[Finding]:
     """Roots of the wait graph: ranks that others wait for and that wait for nobody."""
-    # (a rank waiting in a send or receive its recorder didn't record only looks stopped: `_in_unrecorded_ops`)
-    roots = [r for r in ctx.w.roots if r not in explained and r not in stuck and r not in ctx.unrecorded_waits]
+    roots = [r for r in ctx.w.roots if r not in explained and r not in stuck]
     edges = ctx.w.edges.filter(pl.col("dst").is_in([f"r:{r}" for r in roots]))
     # A missing dump whose waiters are all stuck in a mismatched collective is explained by the mismatch.
     missing = [r for r in roots if r not in ctx.has_dump and not set(ctx.w.waiters_of([r])) <= explained]
@@ -438,13 +414,12 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     # (and ranks a root cause found above explains, a mismatch's or a deadlock's: their waiters wait on them)
     strict = set(provable) | stuck | _beside_stuck(ctx, stuck_at or {}) | explained
     missing = _still_unexplained(ctx, missing, strict)
-    # Weaker: ranks waiting in a send or receive Gloo didn't record (their last entry, maybe in the missing
-    # one's group, only looks like where they stopped, `_in_unrecorded_ops`), and ranks beside same-kind groups
-    # whose laggards are held elsewhere (`_beside_held`). Those may be waiting on the missing rank itself (its
-    # pipeline neighbours): they don't clear one that left no file at all where its whole host left none, or
-    # where no host is known (a crashed rank is the likelier reason it went silent).
-    # Gloo ranks that went on past their last entry (`went_on`) may be blocked in a transfer too.
-    loose = ctx.unrecorded_waits | ctx.went_on | (_beside_held(ctx) if missing else set())
+    # Weaker: Gloo ranks that went on past their last entry (maybe blocked in a send or receive Gloo didn't
+    # record: their last entry, maybe in the missing one's group, only looks like where they stopped), and ranks
+    # beside same-kind groups whose laggards are held elsewhere (`_beside_held`). Those may be waiting on the
+    # missing rank itself (its pipeline neighbours): they don't clear one that left no file at all where its
+    # whole host left none, or where no host is known (a crashed rank is the likelier reason it went silent).
+    loose = ctx.went_on | (_beside_held(ctx) if missing else set())
     if missing and loose:
         silent_ranks = set(ctx.trace.missing_ranks) - set(ctx.trace.dumps["rank"].to_list())
         silent = _silent_hosts(ctx, silent_ranks)
@@ -846,14 +821,6 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     culprits = {r for f in findings for r in f.ranks}
     # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
     symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)
-    unrecorded = sorted(ctx.unrecorded_waits - culprits - explained)
-    if unrecorded:
-        symptoms.append(Finding(
-            kind="waiting", role="symptom", ranks=unrecorded, hosts=ctx.topo.hosts(unrecorded),
-            message=(f"{ctx.ranks_label(unrecorded)} wait{'s' if len(unrecorded) == 1 else ''} in a send or receive "
-                     "their recorder does not record (Gloo), not where their last entry is: their pg_status counts "
-                     "one unfinished"),
-            evidence={"ranks": unrecorded}))
     if ctx.held_in_transfers - culprits - explained:
         symptoms.insert(0 if not findings else len(symptoms), _held_in_transfers_finding(ctx, bool(findings)))
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
