@@ -173,7 +173,9 @@ def check_reader(reader: str) -> None:
         raise FlightrecError(f"unknown reader {reader!r}: use 'auto', 'tape' or 'unpickler'")
 
 
-def _use_tape(reader: str, total_bytes: int) -> bool:
+def _use_tape(reader: str, total_bytes: int, built: bool) -> bool:
+    """Whether to read with the tape; `built`: `tape.built()`, asked once by the caller (a folder scan where
+    no build is found)."""
     check_reader(reader)
     if reader == "tape" and not tape.available():
         raise FlightrecError("the tape reader needs numba: pip install 'flightrec[fast]', or read with the "
@@ -181,7 +183,7 @@ def _use_tape(reader: str, total_bytes: int) -> bool:
     # (built ahead of time, the tape starts in milliseconds and is the faster reader at any size: 1,024 x 200
     # dumps load in 0.66 s against the unpickler's 1.58)
     return reader == "tape" or (reader == "auto" and tape.available()
-                                and (total_bytes >= TAPE_MIN_BYTES or tape.built()))
+                                and (total_bytes >= TAPE_MIN_BYTES or built))
 
 
 def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress: Callable[[int, int], None] | None,
@@ -191,8 +193,9 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
     workers = workers or os.cpu_count() or 1
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
     chunks = _chunks(files, max(1, min(len(files), workers * 8)))
-    use_tape = _use_tape(reader, sum(f.size for f in files))
-    if use_tape and not tape.built():
+    built = tape.built()
+    use_tape = _use_tape(reader, sum(f.size for f in files), built)
+    if use_tape and not built:
         warnings.warn(JIT_START_HINT, stacklevel=2)
     results: list[dict] = []
     done = 0

@@ -111,14 +111,12 @@ def test_a_broken_build_is_passed_over(tmp_path, monkeypatch):
     assert tape_build.load() is None
 
 
-def test_with_a_build_the_tape_reads_dumps_of_any_size(monkeypatch):
+def test_with_a_build_the_tape_reads_dumps_of_any_size():
     """Started by the JIT, the tape only pays above TAPE_MIN_BYTES; built, at any size."""
-    monkeypatch.setattr(tape, "built", lambda: False)
-    assert not parse_pool._use_tape("auto", 1 << 20)
-    assert parse_pool._use_tape("auto", parse_pool.TAPE_MIN_BYTES)
-    monkeypatch.setattr(tape, "built", lambda: True)
-    assert parse_pool._use_tape("auto", 1 << 20)
-    assert not parse_pool._use_tape("unpickler", 1 << 20)
+    assert not parse_pool._use_tape("auto", 1 << 20, built=False)
+    assert parse_pool._use_tape("auto", parse_pool.TAPE_MIN_BYTES, built=False)
+    assert parse_pool._use_tape("auto", 1 << 20, built=True)
+    assert not parse_pool._use_tape("unpickler", 1 << 20, built=True)
 
 
 def test_a_build_that_fails_says_what_is_missing_and_that_the_reader_still_works(tmp_path, monkeypatch):
