@@ -47,8 +47,9 @@ class _Context:
         # Gloo ranks others wait on that went on past their last entry, where the job runs ops Gloo records
         # nothing of: each may be blocked in one, on another stopped rank (`_root_findings` decides)
         self.went_on = _went_on_past_last_entry(trace, m, w) if _runs_unrecorded_ops(trace, m) else set()
-        # those of them `_root_findings` holds (not named): beside another cause, or several with none
+        # those of them `_root_findings` holds (not named), and whether beside another cause (or several, none)
         self.held_in_transfers: set[int] = set()
+        self.held_beside_cause = False
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -310,16 +311,17 @@ def _went_on_past_last_entry(trace: Trace, m: Matching, w: Waits) -> set[int]:
     return set(last.filter(pl.col("retired").fill_null(False))["rank"].to_list())
 
 
-def _held_in_transfers_finding(ctx: _Context, beside_cause: bool) -> Finding:
-    """The ranks `_root_findings` held as maybe blocked in a send or receive Gloo does not record: beside the
-    root cause above (`beside_cause`), or, with none, as the suspects one of which holds the others."""
+def _held_in_transfers_finding(ctx: _Context) -> Finding:
+    """The ranks `_root_findings` held as maybe blocked in a send or receive Gloo does not record: beside
+    another cause (`held_beside_cause`), or, with none, as the suspects one of which holds the others."""
     ranks = sorted(ctx.held_in_transfers)
+    beside_cause = ctx.held_beside_cause
     one = len(ranks) == 1
     went = (f"{ctx.ranks_label(ranks)} {'is' if one else 'are'} waited on, but went on past {'its' if one else 'their'}"
             " last entry (it left Gloo's work queue)")
     if beside_cause:
         message = (f"{went}: in a job running ops Gloo does not record (sends and receives), likely blocked in one, "
-                   "held by the root cause above")
+                   "held by another cause (above, or a rank that left no dump)")
     else:
         hosts = ctx.topo.hosts(ranks)
         link = f", or a link between their hosts ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})," \
@@ -420,20 +422,24 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
     # missing rank itself (its pipeline neighbours): they don't clear one that left no file at all where its
     # whole host left none, or where no host is known (a crashed rank is the likelier reason it went silent).
     loose = ctx.went_on | (_beside_held(ctx) if missing else set())
+    cleared: list[int] = []   # missing ranks only those loose ones explain: they may wait on them, or they on it
     if missing and loose:
         silent_ranks = set(ctx.trace.missing_ranks) - set(ctx.trace.dumps["rank"].to_list())
         silent = _silent_hosts(ctx, silent_ranks)
         kept = [r for r in missing if ctx.topo.host_of.get(r, None) in silent and r in silent_ranks]
-        missing = sorted(kept + _still_unexplained(ctx, [r for r in missing if r not in kept], strict | loose))
+        still = sorted(kept + _still_unexplained(ctx, [r for r in missing if r not in kept], strict | loose))
+        cleared, missing = [r for r in missing if r not in still], still
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
     # Which of those are held. A rank that went on past its last entry, in a job running ops Gloo does not
     # record, stopped in host code (a cause) or in a send or receive, on a stopped peer: the dumps can't say.
     # Beside a cause they can show (a mismatch, a deadlock, a hang in flight, a silent rank, a rank stopped in
-    # an op it recorded) it is held; several of them and nothing else can hold one another through transfers
-    # (a stage that never sends stops its neighbours' stages, whose peers wait on them all): none is named,
+    # an op it recorded) it is held; so beside a lost rank it cleared above (it may be waiting on that one: a
+    # stage whose sender died). Several of them and nothing else can hold one another through transfers (a
+    # stage that never sends stops its neighbours' stages, whose peers wait on them all): none is named,
     # `_held_in_transfers_finding` lists them. One alone is named.
     went_on = ctx.went_on & set(roots)
-    if went_on and (explained or stuck or missing or set(roots) - went_on or len(went_on) > 1):
+    ctx.held_beside_cause = bool(explained or stuck or missing or cleared or set(roots) - went_on)
+    if went_on and (ctx.held_beside_cause or len(went_on) > 1):
         ctx.held_in_transfers = went_on
         roots = [r for r in roots if r not in went_on]
     out: list[Finding] = []
@@ -821,8 +827,8 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     culprits = {r for f in findings for r in f.ranks}
     # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
     symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)
-    if ctx.held_in_transfers - culprits - explained:
-        symptoms.insert(0 if not findings else len(symptoms), _held_in_transfers_finding(ctx, bool(findings)))
+    if ctx.held_in_transfers:
+        symptoms.insert(len(symptoms) if ctx.held_beside_cause else 0, _held_in_transfers_finding(ctx))
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
     no_entries = _no_entries_finding(trace)
@@ -831,24 +837,22 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     named = any(f.role == "root_cause" for f in findings)
     unrecorded_groups = [] if symptoms or named else _unrecorded_groups(trace, m)
     if unrecorded_groups:
-        # (every recorded collective finished: on Gloo that is not a healthy job where sends and receives went
-        # unrecorded, and the dumps were most likely written because something timed out)
+        # (A warning, not a verdict: jobs make groups they never use, one-rank ones among them, and a healthy
+        # job's dumps read the same. But a hang in a pipeline transfer would read the same too.)
         findings.append(Finding(
             kind="unrecorded_groups", role="warning", ranks=unrecorded_groups, hosts=topo.hosts(unrecorded_groups),
-            message=(f"every rank with a dump finished every collective it recorded, but Gloo records no send or "
-                     f"receive, and {ctx.ranks_label(unrecorded_groups)} made process groups they recorded nothing in "
-                     "(a group used only for sends and receives, or never used): a hang in a send or receive would not "
-                     "show in these dumps"),
+            message=(f"Gloo records no send or receive, and {ctx.ranks_label(unrecorded_groups)} made process "
+                     "groups they recorded nothing in (a group used only for sends and receives, or never used): a "
+                     "hang in a send or receive would not show in these dumps"),
             evidence={"ranks": unrecorded_groups}))
     if named:
         verdict = "fault"
         summary = "FAULT: " + findings[0].message
         if len([f for f in findings if f.role == "root_cause"]) > 1:
             summary += f" (+{len([f for f in findings if f.role == 'root_cause']) - 1} more root cause(s))"
-    elif symptoms or trace.missing_ranks or (no_entries and not no_entries.evidence["idle"]) or unrecorded_groups:
+    elif symptoms or trace.missing_ranks or (no_entries and not no_entries.evidence["idle"]):
         verdict = "inconclusive"
-        first = (symptoms[0] if symptoms else findings[-1] if unrecorded_groups else warnings[0] if warnings
-                 else no_entries)
+        first = symptoms[0] if symptoms else warnings[0] if warnings else no_entries
         summary = "INCONCLUSIVE: " + first.message
     elif no_entries:
         verdict = "healthy"
@@ -857,5 +861,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
         verdict = "healthy"
         n_groups = m.progress["group"].n_unique()
         summary = (f"HEALTHY: all {trace.world_size:,} ranks agree on every collective in {n_groups:,} process "
-                   f"group{'s' if n_groups != 1 else ''}; nobody is behind, nothing is stuck")
+                   f"group{'s' if n_groups != 1 else ''}; nobody is behind, nothing is stuck"
+                   + ("; but Gloo records no send or receive, and these ranks made groups they recorded nothing in: a "
+                      "hang in one would not show" if unrecorded_groups else ""))
     return verdict, summary, findings

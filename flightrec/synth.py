@@ -578,8 +578,9 @@ def build_dump(job: Job, rank: int, entries: list[dict], by_rank: dict[int, dict
 def _as_gloo(job: Job, entries: list[dict], groups: dict[str, _Group]) -> dict:
     """The same run as ProcessGroupGloo's recorder writes it (as the real dumps in fixtures/ show): sends and
     receives not recorded at all, every entry 'scheduled' with no start or completion time (`retired` says it
-    left the work queue), 'gloo:' profiling names, one unnamed pg_config entry with the world's ranks, and
-    pg_status counters that count the sends and receives too (a pipeline group: its transfers)."""
+    left the work queue), 'gloo:' profiling names, one unnamed pg_config entry with the world's ranks, and a
+    pg_status key only for a group with a recorded entry (none for a pipeline group: fixtures/record_p2p_keys.py),
+    whose counters move only at a recorded op (fixtures/pipeline_stall)."""
     recorded = [e for e in entries if not e["is_p2p"] and not e["p2p_seq_id"]]   # (no batch closers either)
     out = []
     for record_id, e in enumerate(recorded):
@@ -590,20 +591,13 @@ def _as_gloo(job: Job, entries: list[dict], groups: dict[str, _Group]) -> dict:
         out.append(g)
     status = {}
     for i, grp in enumerate(groups.values()):
-        mine = [e for e in entries if e["process_group"][0] == grp.name]
-        # As torch 2.13's Gloo writes it (fixtures/record_p2p_keys.py): a group's key is made at its first
-        # recorded entry, so a group never used, or used only for sends and receives (never recorded), has none.
-        if not any(not e["is_p2p"] and not e["p2p_seq_id"] for e in mine):
+        # (the generator's collective groups carry no sends or receives: seqs number collectives only)
+        mine = [e for e in recorded if e["process_group"][0] == grp.name]
+        if not mine:
             continue
-        if any(e["is_p2p"] for e in mine):
-            # (a batch of transfers finished when its closer did: the entry after it, same p2p_seq_id)
-            done = {e["p2p_seq_id"] for e in mine if not e["is_p2p"] and e["state"] == "completed"}
-            seqs = {e["p2p_seq_id"] for e in mine}
-        else:
-            done = {e["collective_seq_id"] for e in mine if e["state"] == "completed"}
-            seqs = {e["collective_seq_id"] for e in mine}
-        status[str(i)] = {"last_enqueued_collective": max(seqs, default=-1), "last_started_collective": -1,
-                          "last_completed_collective": max(done, default=-1)}
+        done = {e["collective_seq_id"] for e in mine if e["state"] == "completed"}
+        status[str(i)] = {"last_enqueued_collective": max(e["collective_seq_id"] for e in mine),
+                          "last_started_collective": -1, "last_completed_collective": max(done, default=-1)}
     return {"version": job.version, "comm_lib_version": "",
             "pg_config": {"": {"name": "", "desc": "", "ranks": str(list(range(job.world_size)))}},
             "pg_status": status, "entries": out[-job.buffer_size:] if job.buffer_size else []}
