@@ -278,9 +278,11 @@ def _runs_unrecorded_ops(trace: Trace, m: Matching) -> bool:
     it never recorded in (`_unrecorded_groups`), or a counter runs past the last collective it recorded in a
     group (Gloo counts every op in `last_enqueued`, while entries number collectives only: the real fixture
     straggler_pipeline's sends on the world group)."""
+    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
+    if gloo.height == 0:
+        return False   # (no Gloo rank: the entries are not scanned)
     if _unrecorded_groups(trace, m):
         return True
-    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
     recorded = (trace.entries.lazy().select("rank", "pg_id", "collective_seq_id", "is_p2p")
                 .join(gloo.lazy(), on="rank", how="semi").filter(~pl.col("is_p2p"))
                 .group_by("rank", "pg_id").agg(pl.col("collective_seq_id").max().alias("_seq")).collect())
