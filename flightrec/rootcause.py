@@ -864,6 +864,6 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
         n_groups = m.progress["group"].n_unique()
         summary = (f"HEALTHY: all {trace.world_size:,} ranks agree on every collective in {n_groups:,} process "
                    f"group{'s' if n_groups != 1 else ''}; nobody is behind, nothing is stuck"
-                   + ("; but Gloo records no send or receive, and these ranks made groups they recorded nothing in: a "
-                      "hang in one would not show" if unrecorded_groups else ""))
+                   + ("; Gloo records no send or receive, so a hang in one would not show"
+                      if unrecorded_groups else ""))
     return verdict, summary, findings
