@@ -22,6 +22,9 @@ faulty); ERROR (an exception: a bug). Prints the table by fault kind and by dama
 With `--only-active` the same jobs are written as a recorder set to `TORCH_INCLUDE_ONLY_ACTIVE` writes them:
 NCCL's dumps then hold only the entries it has not seen complete (timing faults leave nothing to see).
 
+With `--healthy` the same jobs are written with no fault and no damage, and scored for false positives: right
+when healthy with no straggler or slow link named, WRONG when anything is named.
+
 With `--no-hosts` every job's dumps are one flat folder with no host map: only ranks are scored, and a link,
 a NIC, a slow link or a whole host late as one (a tensor-parallel group inside it waits on itself at one pace)
 scores unseeable unless a wrong rank is named.
@@ -156,6 +159,8 @@ def _damage(out: Path, job: synth.Job, truth: dict, case: dict) -> list[int]:
 def score(kind: str, truth: dict, report, damaged: list[int], hosts_known: bool = True) -> tuple[str, str]:
     """(result, why) against the generator's truth; host names compared by their number (the hosts file and
     --ranks-per-host name them differently). Without `hosts_known` (`--no-hosts`) only ranks are scored."""
+    if kind == "none":
+        return _score_healthy(report)
     if not hosts_known:
         return _score_ranks(kind, truth, report, damaged)
     def numbers(hosts):
@@ -207,6 +212,16 @@ def score(kind: str, truth: dict, report, damaged: list[int], hosts_known: bool 
     if not stragglers and not slow:
         return "missed", ""
     return ("partial", "") if target in found else ("WRONG", f"named {stragglers} {slow}")
+
+
+def _score_healthy(report) -> tuple[str, str]:
+    """A job with no fault (`--healthy`): right when healthy with no straggler or slow link named; WRONG when
+    anything is named (a root cause, a straggler, a slow link); else inconclusive."""
+    named = [(f.kind, f.ranks, f.hosts, f.links) for f in report.findings
+             if f.role == "root_cause" or f.kind in ("straggler", "slow_link")]
+    if named:
+        return "WRONG", f"named {named[:3]}"
+    return ("right", "") if report.verdict == "healthy" else ("inconclusive", report.summary[:120])
 
 
 def _score_ranks(kind: str, truth: dict, report, damaged: list[int]) -> tuple[str, str]:
@@ -266,6 +281,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=None, help="write every job's description and result here (JSON lines)")
     ap.add_argument("--no-hosts", action="store_true",
                     help="withhold host placement (one flat folder, no hosts file): only ranks are scored")
+    ap.add_argument("--healthy", action="store_true",
+                    help="the same jobs with no fault and no damage: every verdict should be healthy, with no straggler "
+                         "or slow link named (false positives)")
     ap.add_argument("--only-active", action="store_true",
                     help="the same jobs, their recorders set to keep only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE; "
                          "a no-op for Gloo's)")
@@ -273,6 +291,8 @@ def main(argv=None) -> None:
     cases = [draw(args.seed, i) | ({"hosts": "none"} if args.no_hosts else {}) for i in range(args.jobs)]
     if args.only_active:
         cases = [case | {"job": case["job"] | {"only_active": True}} for case in cases]
+    if args.healthy:
+        cases = [case | {"fault": case["fault"] | {"kind": "none", "hosts": []}, "damage": None} for case in cases]
     with tempfile.TemporaryDirectory(prefix="flightrec-sweep-") as workdir, \
             ProcessPoolExecutor(args.workers) as pool:
         rows = list(pool.map(run, cases, [workdir] * len(cases)))
