@@ -189,9 +189,11 @@ def cut_short(dumps: pl.DataFrame) -> pl.Series:
 
 
 def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataFrame, dumps: pl.DataFrame,
-             pg_status: pl.DataFrame, tracks: pl.DataFrame, groups: pl.DataFrame | None = None) -> pl.DataFrame:
-    """How far each member of each group got. Uses pg_status where it is about collectives only. `groups`
-    (the trace's) tells which is the default group, for ranks whose ring buffer rolled past a group."""
+             pg_status: pl.DataFrame, tracks: pl.DataFrame, p2p_groups: pl.DataFrame,
+             groups: pl.DataFrame | None = None) -> pl.DataFrame:
+    """How far each member of each group got. Uses pg_status where it is about collectives only (not in
+    `p2p_groups`, from `groups_with_p2p`). `groups` (the trace's) tells which is the default group, for ranks
+    whose ring buffer rolled past a group."""
     default_groups = (groups.filter(pl.col("pg_desc") == "default_pg").select("group") if groups is not None
                       else members.clear().select("group"))
     per = (
@@ -212,7 +214,6 @@ def progress(units: pl.DataFrame, trace_entries: pl.DataFrame, members: pl.DataF
     # after a p2p op it holds the p2p seq, and Gloo does not record its sends and receives at all (a pipeline's
     # 80 sends and receives on the default group read as 80 collectives no entry shows: fixtures/straggler_pipeline).
     # Its completed counter is read only where the recorder tracks completion and no p2p entry is seen.
-    p2p_groups = trace_entries.lazy().filter(pl.col("is_p2p")).select("group").unique().collect()
     status = pg_status.rename({"last_completed": "_st_done", "last_enqueued": "_st_last"}).select(
         "rank", "pg_id", "_st_done", "_st_last")
     per = (
@@ -608,12 +609,16 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
 # ---------------------------------------------------------------------------------------------- entry point
 
 
-def _finished_by_counters(units: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame) -> pl.DataFrame:
+def groups_with_p2p(entries: pl.DataFrame) -> pl.DataFrame:
+    """(group): the groups some rank recorded a send or receive in; their pg_status counters mix p2p seqs in."""
+    return entries.lazy().filter(pl.col("is_p2p")).select("group").unique().collect()
+
+
+def _finished_by_counters(units: pl.DataFrame, p2p_groups: pl.DataFrame, pg_status: pl.DataFrame) -> pl.DataFrame:
     """Only-active dumps: a collective whose seq its rank's counters show completed is, whatever its entries
     read. The writer left out every entry it saw complete, but an entry that never completes on its own stays:
-    a coalesced batch's members (its closer carries the state, and is what was left out). Not in groups with
-    sends and receives, whose counters mix p2p seqs in."""
-    p2p_groups = entries.lazy().filter(pl.col("is_p2p")).select("group").unique().collect()
+    a coalesced batch's members (its closer carries the state, and is what was left out). Not in `p2p_groups`,
+    whose counters mix p2p seqs in."""
     done = pg_status.select("rank", "pg_id", pl.col("last_completed").alias("_done"))
     return (units.join(done, on=["rank", "pg_id"], how="left", maintain_order="left")
             .with_columns(pl.when((pl.col("collective_seq_id") <= pl.col("_done"))
@@ -628,9 +633,10 @@ def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, du
     tracks = completion_by_rank(entries, dumps)
     completion = tracks_completion(tracks, entries)
     units = collective_units(entries, groups, completion)
+    p2p_groups = groups_with_p2p(entries)
     if written_only_active(dumps):
-        units = _finished_by_counters(units, entries, pg_status)
-    prog = progress(units, entries, members, dumps, pg_status, tracks, groups)
+        units = _finished_by_counters(units, p2p_groups, pg_status)
+    prog = progress(units, entries, members, dumps, pg_status, tracks, p2p_groups, groups)
     colls = classify(units, prog)
     return Matching(
         units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog, groups),

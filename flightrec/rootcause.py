@@ -273,12 +273,17 @@ def _preceded(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
     return preceded.join(left, on="dst", how="semi")
 
 
+def _gloo_ranks(m: Matching) -> pl.DataFrame:
+    """(rank): ranks with a whole dump whose recorder reports no completion (Gloo's)."""
+    return m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
+
+
 def _runs_unrecorded_ops(trace: Trace, m: Matching) -> bool:
     """Some Gloo rank ran ops its recorder kept no entry of (Gloo records no send or receive): it made a group
     it never recorded in (`_unrecorded_groups`), or a counter runs past the last collective it recorded in a
     group (Gloo counts every op in `last_enqueued`, while entries number collectives only: the real fixture
     straggler_pipeline's sends on the world group)."""
-    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
+    gloo = _gloo_ranks(m)
     if gloo.height == 0:
         return False   # (no Gloo rank: the entries are not scanned)
     if _unrecorded_groups(trace, m):
@@ -295,8 +300,7 @@ def _unrecorded_groups(trace: Trace, m: Matching) -> list[int]:
     pg_status, keyed by local pg id (their groups counted in the order they made them), lacks a key below one
     it has. torch makes a key at a group's first recorded entry, so a group used only for sends and receives
     has none (fixtures/record_p2p_keys.py); nor has one never used, which the dumps can't tell apart."""
-    gloo = m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump")).select("rank").unique()
-    gaps = (trace.pg_status.join(gloo, on="rank", how="semi").group_by("rank")
+    gaps = (trace.pg_status.join(_gloo_ranks(m), on="rank", how="semi").group_by("rank")
             .agg((pl.col("pg_id").max() + 1 > pl.col("pg_id").n_unique()).alias("_gap")).filter(pl.col("_gap")))
     return sorted(gaps["rank"].to_list())
 
@@ -304,7 +308,7 @@ def _unrecorded_groups(trace: Trace, m: Matching) -> list[int]:
 def _went_on_past_last_entry(trace: Trace, m: Matching, w: Waits) -> set[int]:
     """Gloo ranks others wait on (roots of the wait graph, with a whole dump) whose last entry left the work
     queue: they went on past it, into host code or into an op Gloo does not record."""
-    gloo = set(m.progress.filter(~pl.col("tracks_completion") & pl.col("has_dump"))["rank"].to_list())
+    gloo = set(_gloo_ranks(m)["rank"].to_list())
     roots = [r for r in w.roots if r in gloo]
     if not roots:
         return set()
