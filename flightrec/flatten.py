@@ -328,11 +328,14 @@ _CATEGORICAL = ("pg_name", "pg_desc", "op", "profiling_name", "state", "input_si
 
 
 def _list_get(lists: pa.ChunkedArray, i: int) -> pa.Array:
-    """Element i of each list, null where the list is null or shorter."""
+    """Element i of each list, null where the list is null or shorter. Taken from the items by offset: a
+    choice between lists (`if_else`) copies every list, 6x slower."""
     arr = lists.combine_chunks()
-    long_enough = pc.fill_null(pc.greater(pc.list_value_length(arr), i), False)
-    safe = pc.if_else(long_enough, arr, pa.scalar([None] * (i + 1), arr.type))
-    return pc.list_element(safe, i)
+    offsets = arr.offsets.to_numpy()
+    there = np.diff(offsets) > i
+    if arr.null_count:
+        there &= ~np.asarray(arr.is_null())
+    return arr.values.take(pa.array(offsets[:-1] + i, mask=~there))
 
 
 def _as_str_list(v: Any) -> list[str] | None:

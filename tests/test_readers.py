@@ -150,3 +150,16 @@ def test_a_corrupt_json_dump_is_refused_not_read_as_cut(tmp_path, damage):
     (tmp_path / "bad").write_bytes(data)
     with pytest.raises(DumpFormatError, match="not valid JSON"):
         read_dump(tmp_path / "bad")
+
+
+def test_a_group_name_and_desc_are_read_from_lists_of_any_length():
+    """process_group is [name, desc] since recorder 2.1, [name] or absent before (and null in a dump that has
+    it for some entries only); the element is taken by offset, also from a slice of the column."""
+    import pyarrow as pa
+
+    from flightrec.flatten import _list_get
+
+    lists = pa.array([["x"], ["a", "b"], ["c"], None, [], ["d", "e", "f"]], type=pa.list_(pa.string()))
+    column = pa.chunked_array([lists.slice(1)])
+    assert _list_get(column, 0).to_pylist() == ["a", "c", None, None, "d"]
+    assert _list_get(column, 1).to_pylist() == ["b", None, None, None, "e"]
