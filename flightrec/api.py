@@ -102,7 +102,9 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     timing = analyze_timing(m, trace.groups, topo, options.timing, entries=trace.entries)
     verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing, options.timing)
     timing_findings = timing_to_findings(timing, trace.groups, topo)
-    findings = findings + timing_findings
+    # (the caveats that hold whatever else is found come after what was found)
+    caveats = [f for f in findings if f.kind == "world_size_unknown"]
+    findings = [f for f in findings if f.kind != "world_size_unknown"] + timing_findings + caveats
     if verdict == "healthy" and timing_findings:
         summary += f"; warning: {timing_findings[0].message}"
 

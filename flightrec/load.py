@@ -89,6 +89,9 @@ class Trace:
         memberships: (rank, pg_name, ranks_key): what each rank's own pg_config declares.
         pg_status: per rank and local pg id, the last enqueued/started/completed collective seq ids.
         world_size: ranks in the job (from the world group, else the highest rank seen + 1).
+        world_size_from: where `world_size` comes from: "given" (the caller's), "declared" (a dump lists the
+            world's ranks: the default group's), or "seen" (the highest rank a file or a group names, + 1: Gloo
+            writes no group config once a job makes subgroups; ranks past it that left no dump don't show).
     """
 
     root: str
@@ -100,6 +103,7 @@ class Trace:
     memberships: pl.DataFrame
     pg_status: pl.DataFrame
     world_size: int
+    world_size_from: str = "declared"
 
     def select_groups(self, pg: str | None) -> pl.DataFrame:
         """The groups whose name, desc or identity is `pg` (all groups for None).
@@ -302,6 +306,10 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     max_rank = named["rank"].max() if named.height else -1
     max_rank = -1 if max_rank is None else max_rank
     proven = max(listed, int(max_rank) + 1)
+    # (a group listing every rank up to the last it proves is the world group, whatever its desc)
+    world_listed = declared_world is not None or (
+        groups.height > 0 and (groups["size"] == proven).any() and listed == proven)
+    world_size_from = "given" if world_size is not None else "declared" if world_listed else "seen"
     if world_size is None:
         world_size = proven
     elif proven > world_size:
@@ -363,6 +371,7 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         root=root, dumps=dumps, entries=entries, stacks=raw["stacks"].unique("stack_id").sort("stack_id"),
         groups=groups, members=members, memberships=memberships,
         pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
+        world_size_from=world_size_from,
     )
 
 

@@ -721,6 +721,23 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
     return out
 
 
+def _world_size_finding(trace: Trace) -> Finding | None:
+    """No dump lists the job's ranks and none was given: Gloo writes its unnamed group config with the world's
+    ranks only while the job has no other group (`fixtures/dead_rank`), and with none once it makes subgroups
+    (`fixtures/host_down`). The world is then read as the highest rank seen + 1, and ranks past it that left
+    no dump (the last host, down) are not known to be missing: their groups read as groups of the ranks
+    that are there."""
+    if trace.world_size_from != "seen":
+        return None
+    last = trace.world_size - 1
+    return Finding(
+        kind="world_size_unknown", role="warning",
+        message=(f"no dump lists the job's ranks (Gloo writes none once a job makes subgroups): read as "
+                 f"{trace.world_size:,} ranks, up to rank {last:,}, the highest seen; ranks past it that left no dump "
+                 "(a last host that went down) would not show: pass --world-size to check"),
+        evidence={"world_size": trace.world_size, "from": "highest rank seen"})
+
+
 def _no_entries_finding(trace: Trace) -> Finding | None:
     """No dump holds an entry while their counters count collectives: written without them
     (`includeCollectives=False`), or with only unfinished ones (`TORCH_INCLUDE_ONLY_ACTIVE`) when none was. No
@@ -838,9 +855,11 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
     no_entries = _no_entries_finding(trace)
-    findings += symptoms + warnings + ([no_entries] if no_entries else [])
-
     named = any(f.role == "root_cause" for f in findings)
+    # (said where nothing is named: a lost last host may be what the dumps leave unexplained)
+    world_unknown = None if named else _world_size_finding(trace)
+    findings += symptoms + warnings + [f for f in (no_entries, world_unknown) if f]
+
     unrecorded_groups = [] if symptoms or named else _unrecorded_groups(trace, m)
     if unrecorded_groups:
         # (A warning, not a verdict: jobs make groups they never use, one-rank ones among them, and a healthy
@@ -869,5 +888,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
         summary = (f"HEALTHY: all {trace.world_size:,} ranks agree on every collective in {n_groups:,} process "
                    f"group{'s' if n_groups != 1 else ''}; nobody is behind, nothing is stuck"
                    + ("; Gloo records no send or receive, so a hang in one would not show"
-                      if unrecorded_groups else ""))
+                      if unrecorded_groups else "")
+                   + (f"; the job's size is not in these dumps: a lost rank past {trace.world_size - 1:,} would not "
+                      "show (--world-size)" if world_unknown else ""))
     return verdict, summary, findings
