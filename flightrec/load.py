@@ -22,7 +22,7 @@ from . import cache as _cache
 from . import lookup, parse_pool
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError, require_count
-from .inferred_groups import inferred_groups, place_rolled_out_members
+from .inferred_groups import inferred_groups, place_rolled_out_members, unseen_ranks
 from .schema import (
     DUMPS,
     ENTRIES,
@@ -90,8 +90,9 @@ class Trace:
         pg_status: per rank and local pg id, the last enqueued/started/completed collective seq ids.
         world_size: ranks in the job (from the world group, else the highest rank seen + 1).
         world_size_from: where `world_size` comes from: "given" (the caller's), "declared" (a dump lists the
-            world's ranks: the default group's), or "seen" (the highest rank a file or a group names, + 1: Gloo
-            writes no group config once a job makes subgroups; ranks past it that left no dump don't show).
+            world's ranks: the default group's), "seen" (the highest rank a file or a group names, + 1: Gloo
+            writes no group config once a job makes subgroups; ranks past it that left no dump don't show), or
+            "groups" (more: groups left in flight lack members no dump shows, `inferred_groups.unseen_ranks`).
     """
 
     root: str
@@ -324,10 +325,22 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
                       f"{declared_world} ranks: {'rank' if world_size - declared_world == 1 else 'ranks'} "
                       f"{format_ranks(range(declared_world, world_size))} will read as missing; "
                       "check --world-size", stacklevel=2)
-    groups = pl.concat([groups, inferred_groups(entries, groups, world_size)]).sort("group")
     with_entries = set(dumps.filter(pl.col("entry_count") > 0)["rank"].to_list())
-    groups = place_rolled_out_members(groups, entries, raw["pg_status"],
-                                      without_entries=[r for r in range(world_size) if r not in with_entries])
+
+    def with_inferred(declared: pl.DataFrame, world_size: int) -> pl.DataFrame:
+        found = pl.concat([declared, inferred_groups(entries, declared, world_size)]).sort("group")
+        return place_rolled_out_members(found, entries, raw["pg_status"],
+                                        without_entries=[r for r in range(world_size) if r not in with_entries])
+
+    declared_groups = groups
+    groups = with_inferred(declared_groups, world_size)
+    if world_size_from == "seen":
+        # (no dump lists the world: ranks past the highest seen that left no dump show only as members the
+        # groups lack; the world is then as large as they need, and those ranks read as missing)
+        unseen = unseen_ranks(groups, entries, [r for r in range(world_size) if r not in with_entries])
+        if unseen:
+            world_size, world_size_from = world_size + unseen, "groups"
+            groups = with_inferred(declared_groups, world_size)
 
     members = (groups.select("group", "ranks")
                .with_columns(pl.int_ranges(pl.col("ranks").list.len()).alias("local_rank"))

@@ -727,6 +727,15 @@ def _world_size_finding(trace: Trace) -> Finding | None:
     (`fixtures/host_down`). The world is then read as the highest rank seen + 1, and ranks past it that left
     no dump (the last host, down) are not known to be missing: their groups read as groups of the ranks
     that are there."""
+    if trace.world_size_from == "groups":
+        # (the world was read as large as the groups left in flight need: said, as it is a reading)
+        seen = max(trace.dumps["rank"].max() or 0, 0)
+        return Finding(
+            kind="world_size_unknown", role="warning",
+            message=(f"no dump lists the job's ranks (Gloo writes none once a job makes subgroups): read as "
+                     f"{trace.world_size:,} ranks, as many as its groups need (groups left in flight lack members no "
+                     f"dump shows, past rank {seen:,}); pass --world-size if the job had more"),
+            evidence={"world_size": trace.world_size, "from": "groups left in flight"})
     if trace.world_size_from != "seen":
         return None
     last = trace.world_size - 1
@@ -856,8 +865,9 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
     no_entries = _no_entries_finding(trace)
     named = any(f.role == "root_cause" for f in findings)
-    # (said where nothing is named: a lost last host may be what the dumps leave unexplained)
-    world_unknown = None if named else _world_size_finding(trace)
+    # (said where nothing is named, a lost last host may be what the dumps leave unexplained; and where the world
+    # was read from the groups, as that is a reading)
+    world_unknown = None if named and trace.world_size_from == "seen" else _world_size_finding(trace)
     findings += symptoms + warnings + [f for f in (no_entries, world_unknown) if f]
 
     unrecorded_groups = [] if symptoms or named else _unrecorded_groups(trace, m)
@@ -890,5 +900,5 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
                    + ("; Gloo records no send or receive, so a hang in one would not show"
                       if unrecorded_groups else "")
                    + (f"; the job's size is not in these dumps: a lost rank past {trace.world_size - 1:,} would not "
-                      "show (--world-size)" if world_unknown else ""))
+                      "show (--world-size)" if world_unknown and trace.world_size_from == "seen" else ""))
     return verdict, summary, findings

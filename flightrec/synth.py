@@ -578,7 +578,8 @@ def build_dump(job: Job, rank: int, entries: list[dict], by_rank: dict[int, dict
 def _as_gloo(job: Job, entries: list[dict], groups: dict[str, _Group]) -> dict:
     """The same run as ProcessGroupGloo's recorder writes it (as the real dumps in fixtures/ show): sends and
     receives not recorded at all, every entry 'scheduled' with no start or completion time (`retired` says it
-    left the work queue), 'gloo:' profiling names, one unnamed pg_config entry with the world's ranks, and a
+    left the work queue), 'gloo:' profiling names, one unnamed pg_config entry with the world's ranks while the
+    job has no other group (fixtures/dead_rank) and with none once it has (every 8-rank fixture: '[]'), and a
     pg_status key only for a group with a recorded entry (none for a pipeline group: fixtures/record_p2p_keys.py),
     whose counters move only at a recorded op (fixtures/pipeline_stall)."""
     recorded = [e for e in entries if not e["is_p2p"] and not e["p2p_seq_id"]]   # (no batch closers either)
@@ -599,7 +600,8 @@ def _as_gloo(job: Job, entries: list[dict], groups: dict[str, _Group]) -> dict:
         status[str(i)] = {"last_enqueued_collective": max(e["collective_seq_id"] for e in mine),
                           "last_started_collective": -1, "last_completed_collective": max(done, default=-1)}
     return {"version": job.version, "comm_lib_version": "",
-            "pg_config": {"": {"name": "", "desc": "", "ranks": str(list(range(job.world_size)))}},
+            "pg_config": {"": {"name": "", "desc": "",
+                               "ranks": str(list(range(job.world_size)) if len(groups) == 1 else [])}},
             "pg_status": status, "entries": out[-job.buffer_size:] if job.buffer_size else []}
 
 

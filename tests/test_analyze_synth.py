@@ -538,8 +538,10 @@ def test_a_hosts_network_dying_implicates_that_host_and_no_other(make_job, tp, p
 
 
 def test_gloo_mode_writes_what_the_real_gloo_dumps_hold(make_job):
-    """The generator's Gloo dumps against fixtures/healthy (a real one): one unnamed pg_config with the world's
-    ranks, 'gloo:' names, every entry 'scheduled' with no start or completion time, no send or receive."""
+    """The generator's Gloo dumps against fixtures/healthy (a real one): one unnamed pg_config, 'gloo:' names,
+    every entry 'scheduled' with no start or completion time, no send or receive. The config lists the world's
+    ranks only while a job has no group but the default one (fixtures/healthy), none once it makes subgroups
+    (fixtures/subgroups_per_host), as every generated job does."""
     from flightrec.readers import loads_plain_pickle
 
     from .conftest import FIXTURES
@@ -548,7 +550,9 @@ def test_gloo_mode_writes_what_the_real_gloo_dumps_hold(make_job):
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, backend="gloo", timing=False))
     made = loads_plain_pickle((out / "nccl_trace_rank_0").read_bytes())
     assert list(made["pg_config"]) == list(real["pg_config"]) == [""]
-    assert made["pg_config"][""]["ranks"] == str(list(range(8)))
+    with_subgroups = loads_plain_pickle((FIXTURES / "subgroups_per_host" / "node0" / "nccl_trace_rank_0").read_bytes())
+    assert real["pg_config"][""]["ranks"] == "[0, 1, 2, 3]"
+    assert made["pg_config"][""]["ranks"] == with_subgroups["pg_config"][""]["ranks"] == "[]"
     for dump in (real, made):
         entries = dump["entries"]
         assert {e["state"] for e in entries} == {"scheduled"} and not any(e["is_p2p"] for e in entries)
@@ -610,7 +614,9 @@ def test_gloo_pipeline_hang_in_transfers_alone_reads_healthy_with_a_warning_it_w
                                                    hosts=("node00001",)))
     report, _ = run(make_job, job, per_host_folders=True)
     assert report.verdict == "healthy" and report.exit_code == 0, report.summary
-    assert [f.kind for f in report.findings] == ["unrecorded_groups"] and report.findings[0].ranks
+    # (and, Gloo listing no world once a job makes subgroups, that a lost last rank would not show either)
+    assert [f.kind for f in report.findings] == ["unrecorded_groups", "world_size_unknown"]
+    assert report.findings[0].ranks
     assert "a hang in one would not show" in report.summary
 
 
@@ -665,6 +671,10 @@ def test_gloo_host_down_groups_whose_lost_members_are_unknown_wait_on_the_ranks_
     dp = report.trace.groups.filter(pl.col("pg_desc") == "dp")
     assert dp["ranks"].list.len().to_list() == [1] * 4
     assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
+    # The dumps list no world (Gloo, with subgroups), and the lost host is the last: its ranks are past the
+    # highest seen. Each dp group left its all_reduce in flight with one member: 4 members lacking, 8 ranks.
+    assert (report.trace.world_size, report.trace.world_size_from) == (8, "groups")
+    assert [f.evidence["from"] for f in report.findings if f.kind == "world_size_unknown"] == ["groups left in flight"]
 
 
 def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job, monkeypatch):
