@@ -93,7 +93,7 @@ def place_rolled_out_members(groups: pl.DataFrame, entries: pl.DataFrame, pg_sta
     return conform(out, GROUPS)
 
 
-def unseen_ranks(groups: pl.DataFrame, entries: pl.DataFrame, without_entries: list[int]) -> int:
+def unseen_ranks(groups: pl.DataFrame, entries: pl.DataFrame, world_size: int) -> int:
     """How many ranks past the highest seen the inferred groups need, where the job's size is not known (Gloo
     lists no world once a job makes subgroups: `Trace.world_size_from` "seen"). Ranks past the highest seen
     that left no dump (a last host, down) are then in no group's list, and their groups read as complete.
@@ -101,17 +101,22 @@ def unseen_ranks(groups: pl.DataFrame, entries: pl.DataFrame, without_entries: l
     A group whose newest collective some member left in flight (not retired) and that has one member (a
     collective of one rank waits on no one) or fewer than the largest of its kind lacks members: as many as
     it takes to reach the largest (at least 2). Every rank is in one group of a kind that covers the world (as
-    tp, pp and dp do), so a kind's groups lack that many ranks in all; those the ranks without entries (a dump
-    lost below the highest seen) in no group of the kind can't fill are past the highest seen. The answer is
-    the most any kind needs; 0 where none is short, or where the dumps were taken after the error (Gloo then
-    retires the failed collective as done, and nothing is left in flight: `fixtures/host_down`)."""
+    tp, pp and dp do), so a kind's groups lack that many ranks in all; those the ranks of the world seen
+    (`world_size`) that no group of the kind holds can't fill are past the highest seen. (Any such rank may
+    fill one: a dump lost, or a live rank that has not reached its group's first collective yet, or whose
+    entries there rolled out of its buffer; counting only ranks without entries invented ranks on whole dumps
+    of a hang in the first step.) The answer is the most any kind needs; 0 where none is short, or where the
+    dumps were taken after the error (Gloo then retires the failed collective as done, and nothing is left in
+    flight: `fixtures/host_down`). Not seen: a last host down where every group of a kind lost a member to it
+    alike (dp 3 and more), nor groups of no kind (desc "undefined")."""
     inferred = groups.filter((pl.col("source") == "inferred")
                              & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
     if inferred.height == 0:
         return 0
-    newest = (entries.lazy().select(pl.col("pg_name").cast(pl.String), "collective_seq_id", "retired")
+    # (collectives only: a batch of sends and receives is not retired op by op)
+    newest = (entries.lazy().select(pl.col("pg_name").cast(pl.String), "collective_seq_id", "retired", "is_p2p")
               .join(inferred.lazy().select("pg_name"), on="pg_name", how="semi")
-              .filter(pl.col("collective_seq_id").is_not_null())
+              .filter(pl.col("collective_seq_id").is_not_null() & ~pl.col("is_p2p").fill_null(False))
               .filter(pl.col("collective_seq_id") == pl.col("collective_seq_id").max().over("pg_name"))
               .group_by("pg_name").agg((~pl.col("retired").fill_null(True)).any().alias("_in_flight"))
               .collect())
@@ -123,7 +128,7 @@ def unseen_ranks(groups: pl.DataFrame, entries: pl.DataFrame, without_entries: l
         return 0
     held = inferred.select("pg_desc", pl.col("ranks").alias("rank")).explode("rank")
     spare = (short.select("pg_desc").unique()
-             .join(pl.DataFrame({"rank": without_entries}, schema={"rank": pl.Int64}), how="cross")
+             .join(pl.DataFrame({"rank": range(world_size)}, schema={"rank": pl.Int64}), how="cross")
              .join(held, on=["pg_desc", "rank"], how="anti")
              .group_by("pg_desc").agg(pl.len().alias("_spare")))
     needed = (short.group_by("pg_desc").agg(pl.col("_lacks").sum())

@@ -88,7 +88,8 @@ class Trace:
         members: (group, rank, local_rank) for every member of every group.
         memberships: (rank, pg_name, ranks_key): what each rank's own pg_config declares.
         pg_status: per rank and local pg id, the last enqueued/started/completed collective seq ids.
-        world_size: ranks in the job (from the world group, else the highest rank seen + 1).
+        world_size: ranks in the job (given; else from the world group; else the highest rank seen + 1, or as
+            many as the groups left in flight need: `world_size_from`).
         world_size_from: where `world_size` comes from: "given" (the caller's), "declared" (a dump lists the
             world's ranks: the default group's), "seen" (the highest rank a file or a group names, + 1: Gloo
             writes no group config once a job makes subgroups; ranks past it that left no dump don't show), or
@@ -337,7 +338,7 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     if world_size_from == "seen":
         # (no dump lists the world: ranks past the highest seen that left no dump show only as members the
         # groups lack; the world is then as large as they need, and those ranks read as missing)
-        unseen = unseen_ranks(groups, entries, [r for r in range(world_size) if r not in with_entries])
+        unseen = unseen_ranks(groups, entries, world_size)
         if unseen:
             world_size, world_size_from = world_size + unseen, "groups"
             groups = with_inferred(declared_groups, world_size)

@@ -729,12 +729,11 @@ def _world_size_finding(trace: Trace) -> Finding | None:
     that are there."""
     if trace.world_size_from == "groups":
         # (the world was read as large as the groups left in flight need: said, as it is a reading)
-        seen = max(trace.dumps["rank"].max() or 0, 0)
         return Finding(
             kind="world_size_unknown", role="warning",
             message=(f"no dump lists the job's ranks (Gloo writes none once a job makes subgroups): read as "
                      f"{trace.world_size:,} ranks, as many as its groups need (groups left in flight lack members no "
-                     f"dump shows, past rank {seen:,}); pass --world-size if the job had more"),
+                     "dump shows); pass --world-size to check"),
             evidence={"world_size": trace.world_size, "from": "groups left in flight"})
     if trace.world_size_from != "seen":
         return None
@@ -865,9 +864,12 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
     no_entries = _no_entries_finding(trace)
     named = any(f.role == "root_cause" for f in findings)
-    # (said where nothing is named, a lost last host may be what the dumps leave unexplained; and where the world
-    # was read from the groups, as that is a reading)
-    world_unknown = None if named and trace.world_size_from == "seen" else _world_size_finding(trace)
+    # (said where the world was read from the groups, as that is a reading; and where nothing is named, or a
+    # host or link is named from groups stuck in flight: a lost last host may be what those dumps leave
+    # unexplained, or what their groups wait on)
+    from_stuck = any(f.kind == "stuck_in_flight" and f.role == "root_cause" for f in findings)
+    world_unknown = (None if named and not from_stuck and trace.world_size_from == "seen"
+                     else _world_size_finding(trace))
     findings += symptoms + warnings + [f for f in (no_entries, world_unknown) if f]
 
     unrecorded_groups = [] if symptoms or named else _unrecorded_groups(trace, m)

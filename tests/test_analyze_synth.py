@@ -677,6 +677,23 @@ def test_gloo_host_down_groups_whose_lost_members_are_unknown_wait_on_the_ranks_
     assert [f.evidence["from"] for f in report.findings if f.kind == "world_size_unknown"] == ["groups left in flight"]
 
 
+@pytest.mark.parametrize("fault", [synth.Fault(kind="not_joined", rank=4, step=0, phase="tp"),
+                                   synth.Fault(kind="dead_link", rank=3, step=-1, phase="p2p",
+                                               hosts=("node00000", "node00001"))])
+def test_gloo_a_hang_in_the_first_step_with_every_dump_there_adds_no_rank(make_job, fault):
+    """A review's cases: every dump is there, but some live rank has not reached a group's first collective
+    (a hang in the first step), so that group reads with one member and its collective in flight. The rank
+    that group lacks is one of the world seen that no group of the kind holds: no rank past the highest is
+    added (the first version added ranks 8-9 and named a host that does not exist)."""
+    job = synth.Job(tp=2, pp=2, dp=2, steps=3 if fault.kind == "not_joined" else 1, ranks_per_host=2,
+                    backend="gloo", timing=False, fault=fault)
+    report, truth = run(make_job, job)
+    assert not truth["missing_ranks"]
+    assert (report.trace.world_size, report.trace.world_size_from) == (8, "seen")
+    assert report.trace.missing_ranks == []
+    assert all(r < 8 for r in report.culprits["ranks"]), report.summary
+
+
 def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job, monkeypatch):
     """Held-out sweep (seed 101, job 129): 16 Gloo ranks, host 0 (ranks 0-7) down. The dumps left name no group
     holding a lost rank (no world collective in the window), so the lost ranks were in no group's member list:
