@@ -724,26 +724,21 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
 def _world_size_finding(trace: Trace) -> Finding | None:
     """No dump lists the job's ranks and none was given: Gloo writes its unnamed group config with the world's
     ranks only while the job has no other group (`fixtures/dead_rank`), and with none once it makes subgroups
-    (`fixtures/host_down`). The world is then read as the highest rank seen + 1, and ranks past it that left
-    no dump (the last host, down) are not known to be missing: their groups read as groups of the ranks
-    that are there."""
-    if trace.world_size_from == "groups":
-        # (the world was read as large as the groups left in flight need: said, as it is a reading)
-        return Finding(
-            kind="world_size_unknown", role="warning",
-            message=(f"no dump lists the job's ranks (Gloo writes none once a job makes subgroups): read as "
-                     f"{trace.world_size:,} ranks, as many as its groups need (groups left in flight lack members no "
-                     "dump shows); pass --world-size to check"),
-            evidence={"world_size": trace.world_size, "from": "groups left in flight"})
-    if trace.world_size_from != "seen":
+    (`fixtures/host_down`). Read from the groups left in flight ("groups", said as it is a reading), or as the
+    highest rank seen + 1 ("seen"): then ranks past it that left no dump (the last host, down) are not known to
+    be missing, and their groups read as groups of the ranks that are there."""
+    read_as = {"groups": ("as many as its groups need (groups left in flight lack members no dump shows)",
+                          "groups left in flight"),
+               "seen": (f"up to rank {trace.world_size - 1:,}, the highest seen; ranks past it that left no dump (a "
+                        "last host that went down) would not show", "highest rank seen")}.get(trace.world_size_from)
+    if read_as is None:
         return None
-    last = trace.world_size - 1
+    said, source = read_as
     return Finding(
         kind="world_size_unknown", role="warning",
         message=(f"no dump lists the job's ranks (Gloo writes none once a job makes subgroups): read as "
-                 f"{trace.world_size:,} ranks, up to rank {last:,}, the highest seen; ranks past it that left no dump "
-                 "(a last host that went down) would not show: pass --world-size to check"),
-        evidence={"world_size": trace.world_size, "from": "highest rank seen"})
+                 f"{trace.world_size:,} ranks, {said}: pass --world-size to check"),
+        evidence={"world_size": trace.world_size, "from": source})
 
 
 def _no_entries_finding(trace: Trace) -> Finding | None:
