@@ -32,6 +32,13 @@ def inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: i
                                                 pl.lit("inferred").alias("source"))), GROUPS)
 
 
+def of_a_kind(groups: pl.DataFrame) -> pl.DataFrame:
+    """The inferred groups of a kind (pg_desc: tp, dp, ...) that covers the world: every rank in one group of
+    it. Not the default group, nor groups of no kind (PyTorch's default desc "undefined", or none)."""
+    return groups.filter((pl.col("source") == "inferred")
+                         & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
+
+
 def place_rolled_out_members(groups: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame,
                              without_entries: list[int]) -> pl.DataFrame:
     """`groups` with ranks added to inferred groups they used but no entry of theirs shows.
@@ -46,8 +53,7 @@ def place_rolled_out_members(groups: pl.DataFrame, entries: pl.DataFrame, pg_sta
     ranks without entries are enough to fill them: their collectives then read as members' dumps missing, not
     as complete and stuck (in flight on a host whose other ranks were lost with their dumps). Groups of no kind
     (PyTorch's default desc "undefined" names none) are left as they are."""
-    inferred = groups.filter((pl.col("source") == "inferred")
-                             & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
+    inferred = of_a_kind(groups)
     places = (inferred.with_columns((pl.col("size").max().over("pg_desc") - pl.col("size")).alias("_places"))
               .filter(pl.col("_places") > 0))
     if places.height == 0:
@@ -109,8 +115,7 @@ def unseen_ranks(groups: pl.DataFrame, entries: pl.DataFrame, world_size: int) -
     dumps were taken after the error (Gloo then retires the failed collective as done, and nothing is left in
     flight: `fixtures/host_down`). Not seen: a last host down where every group of a kind lost a member to it
     alike (dp 3 and more), nor groups of no kind (desc "undefined")."""
-    inferred = groups.filter((pl.col("source") == "inferred")
-                             & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
+    inferred = of_a_kind(groups)
     if inferred.height == 0:
         return 0
     # (collectives only: a batch of sends and receives is not retired op by op)

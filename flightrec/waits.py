@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import networkx as nx
 import polars as pl
 
+from .inferred_groups import of_a_kind
 from .match import Matching, last_group_per_rank
 
 WAIT_EDGES = pl.Schema({
@@ -74,8 +75,7 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None, missing_ranks
     empty = pl.DataFrame(schema={"group": prog.schema["group"], "rank": pl.Int64})
     if groups is None or "source" not in groups.columns:
         return empty
-    kinds = groups.filter((pl.col("source") == "inferred")
-                          & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
+    kinds = of_a_kind(groups)
     lost = pl.concat([prog.filter(~pl.col("has_dump")).select("rank"),
                       pl.DataFrame({"rank": list(missing_ranks)}, schema={"rank": pl.Int64})]).unique()
     if kinds.height == 0 or lost.height == 0:
