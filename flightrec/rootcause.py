@@ -50,6 +50,9 @@ class _Context:
         # those of them `_root_findings` holds (not named), and whether beside another cause (or several, none)
         self.held_in_transfers: set[int] = set()
         self.held_beside_cause = False
+        # missing ranks `_root_findings` does not name, as every group waiting on them also waits on others
+        # that more groups wait on (`_overshadowed`): rank -> those others
+        self.overshadowed: dict[int, list[int]] = {}
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -435,6 +438,7 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
         kept = [r for r in missing if ctx.topo.host_of.get(r, None) in silent and r in silent_ranks]
         still = sorted(kept + _still_unexplained(ctx, [r for r in missing if r not in kept], strict | loose))
         cleared, missing = [r for r in missing if r not in still], still
+    missing, ctx.overshadowed = _overshadowed(ctx, missing)
     roots = [r for r in roots if r in ctx.has_dump or r in missing]
     # Which of those are held. A rank that went on past its last entry, in a job running ops Gloo does not
     # record, stopped in host code (a cause) or in a send or receive, on a stopped peer: the dumps can't say.
@@ -556,6 +560,66 @@ def _stopped_note(ctx: _Context, rank: int, doing: str) -> str:
     return "its last recorded op did not finish"
 
 
+def _missing_units(ctx: _Context, missing: list[int]) -> list[list[int]]:
+    """The missing ranks as the findings name them: those of a host together, each with no known host alone."""
+    by_host: dict[str, list[int]] = defaultdict(list)
+    alone = []
+    for r in missing:
+        host = ctx.topo.host_of.get(r)
+        if host is None:
+            alone.append([r])
+        else:
+            by_host[host].append(r)
+    return list(by_host.values()) + alone
+
+
+def _whole_host(ctx: _Context, ranks: list[int]) -> bool:
+    """`ranks` are all of a host's, two or more, and none left a dump: silent together, as a host that went down
+    is (one lost file on a host of one rank says no more than any other lost file)."""
+    host = ctx.topo.host_of.get(ranks[0])
+    on_host = ctx.topo.ranks_on(host) if host else []
+    return len(on_host) > 1 and set(on_host) <= set(ctx.trace.missing_ranks)
+
+
+def _overshadowed(ctx: _Context, missing: list[int]) -> tuple[list[int], dict[int, list[int]]]:
+    """Of the missing ranks others wait on, those a stronger missing unit explains: every group whose members
+    wait on them waits on that unit too, and that unit is waited on in more groups, or as often but is a whole
+    host gone silent (a host that went down), where they are not. At scale dumps go missing beside a real
+    fault (a full disk, a job killed before every rank wrote): 20 lost files beside a host down named 15 root
+    causes, the host seventh. Each group stuck on several missing members needs only one of them to be why;
+    the one that every stuck group shares is the likelier reading. A unit another explains as well (the same
+    groups, both plain) is kept: nothing tells them apart. Returns (the ranks still named, rank -> the ranks
+    of the units that overshadow it)."""
+    if len(missing) < 2:
+        return missing, {}
+    waited = (ctx.w.edges.filter((pl.col("kind") == "missing") & pl.col("src").str.starts_with("g:")
+                                 & pl.col("dst").is_in([f"r:{r}" for r in missing]))
+              .select(pl.col("dst").str.slice(2).cast(pl.Int64).alias("rank"), pl.col("group").cast(pl.String)))
+    groups_of: dict[int, set[str]] = defaultdict(set)
+    for rank, group in waited.iter_rows():
+        groups_of[rank].add(group)
+    units = [(ranks, set().union(*(groups_of[r] for r in ranks)), _whole_host(ctx, ranks))
+             for ranks in _missing_units(ctx, missing)]
+
+    def stronger(a, b) -> bool:
+        return len(a[1]) > len(b[1]) or (len(a[1]) == len(b[1]) and a[2] and not b[2])
+
+    # (the units waited on in every group a unit is: the intersection of those groups' units, not all pairs,
+    # for a thousand lost dumps at 16K ranks)
+    in_group: dict[str, set[int]] = defaultdict(set)
+    for i, unit in enumerate(units):
+        for group in unit[1]:
+            in_group[group].add(i)
+    over = {i: [j for j in set.intersection(*(in_group[g] for g in unit[1])) if j != i and stronger(units[j], unit)]
+            for i, unit in enumerate(units) if unit[1]}
+    # (named by the units they leave standing: one that overshadows another is itself overshadowed by a
+    # stronger one only through a superset, which then covers the first too)
+    shadowed = {i for i, by in over.items() if by}
+    by_ranks = {r: sorted(r2 for j in over[i] if j not in shadowed for r2 in units[j][0])
+                for i in shadowed for r in units[i][0]}
+    return [r for r in missing if r not in by_ranks], by_ranks
+
+
 def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) -> list[Finding]:
     if not missing:
         return []
@@ -563,7 +627,11 @@ def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) ->
     by_host: dict[str | None, list[int]] = defaultdict(list)
     for r in missing:
         by_host[ctx.topo.host_of.get(r)].append(r)
-    for host, ranks in sorted(by_host.items(), key=lambda kv: kv[1][0]):
+    # (the strongest first, as the headline: a whole host silent, then the one waited on in most groups)
+    in_groups = {host: set(edges.filter(pl.col("dst").is_in([f"r:{r}" for r in ranks]))["group"].to_list())
+                 for host, ranks in by_host.items()}
+    for host, ranks in sorted(by_host.items(), key=lambda kv: (kv[0] is None or not _whole_host(ctx, kv[1]),
+                                                               -len(in_groups[kv[0]]), kv[1][0])):
         groups = sorted(set(edges.filter(pl.col("dst").is_in([f"r:{r}" for r in ranks]))["group"].to_list()))
         labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
         waiting = ctx.w.waiters_of(ranks)
@@ -780,7 +848,17 @@ def _no_entries_finding(trace: Trace) -> Finding | None:
 def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[int],
                       culprits: set[int] = frozenset(), stuck: set[int] = frozenset()) -> list[Finding]:
     out = []
-    missing = [r for r in ctx.trace.missing_ranks if r not in reported_missing]
+    shadowed = sorted(r for r in ctx.overshadowed if r not in reported_missing)
+    if shadowed:
+        over = sorted({r for s in shadowed for r in ctx.overshadowed[s]})
+        one = len(shadowed) == 1
+        out.append(Finding(
+            kind="missing_dump", role="warning", ranks=shadowed, hosts=ctx.topo.hosts(shadowed),
+            message=(f"{ctx.ranks_label(shadowed)} left no dump; every group waiting on {'it' if one else 'them'} "
+                     f"also waits on {ctx.ranks_label(over)}, named above as the likelier cause: "
+                     f"{'it' if one else 'they'} may be down too, or only {'its dump' if one else 'their dumps'} lost"),
+            evidence={"missing_ranks": shadowed, "overshadowed_by": over}))
+    missing = [r for r in ctx.trace.missing_ranks if r not in reported_missing and r not in ctx.overshadowed]
     if missing:
         waited_on = [r for r in missing if ctx.w.waiters_of([r])]
         waiters = set(ctx.w.waiters_of(waited_on))

@@ -930,3 +930,41 @@ def test_a_mismatch_against_a_cut_member_is_no_hang_below_the_collectives(make_j
         warnings.simplefilter("ignore")   # (the cut file's)
         report = analyze(out, use_cache=False)
     assert [(f.kind, f.ranks) for f in report.root_causes] == [("mismatch", [4])], report.summary
+
+
+@pytest.mark.parametrize("timing, lost, tp, dp, step", [
+    (True, (1, 9, 21, 30), 4, 4, -1),
+    (False, (0, 22), 4, 4, -1),
+    (True, (3, 25), 2, 8, 1),
+])
+def test_lost_bystander_dumps_beside_a_host_down_are_warnings_under_it(make_job, timing, lost, tp, dp, step):
+    """At scale some dumps go missing beside a real fault. Host node00003 (ranks 12-15) down, and bystanders
+    on other hosts lost their dumps too: every group that waits on a bystander waits on the host's ranks as
+    well, and the host is waited on in more. The host is the one root cause (it was named among one per lost
+    dump, not first: 15 root causes, the host seventh, with 20 lost at 256 ranks); the bystanders are a warning
+    that says what overshadows them and that they may be down too."""
+    job = synth.Job(tp=tp, pp=2, dp=dp, ranks_per_host=4, timing=timing,
+                    fault=synth.Fault(kind="host_down", rank=13, phase="dp", step=step))
+    out, truth = make_job(job, per_host_folders=True)
+    for rank in lost:
+        _damage(out, rank)
+    report = analyze(out)
+    jsonschema.validate(report.to_dict(), SCHEMA)
+    assert culprits(report) == (truth["ranks"], truth["hosts"], []) == ([12, 13, 14, 15], ["node00003"], []), \
+        report.summary
+    assert report.summary.startswith("FAULT: host node00003 is down") and "more root cause" not in report.summary
+    warning = next(f for f in report.findings if f.kind == "missing_dump" and f.role == "warning")
+    assert warning.ranks == sorted(lost) and warning.evidence["overshadowed_by"] == [12, 13, 14, 15]
+    assert "may be down too" in warning.message
+
+
+def test_lost_dumps_waited_on_in_the_same_groups_alike_are_both_named(make_job):
+    """Two lost dumps that the same groups wait on, neither a whole host: nothing tells which is why, so
+    neither overshadows the other and both are root causes (one rank a host: a host of one rank silent says
+    no more than a lost file)."""
+    job = synth.Job(tp=1, pp=1, dp=8, ranks_per_host=1, fault=synth.Fault(kind="host_down", rank=3, phase="dp"))
+    out, truth = make_job(job, per_host_folders=True)
+    _damage(out, 6)
+    report = analyze(out)
+    assert culprits(report)[0] == [3, 6], report.summary
+    assert not any(f.evidence.get("overshadowed_by") for f in report.findings)
