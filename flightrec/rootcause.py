@@ -582,38 +582,32 @@ def _whole_host(ctx: _Context, ranks: list[int]) -> bool:
 
 
 def _overshadowed(ctx: _Context, missing: list[int]) -> tuple[list[int], dict[int, list[int]]]:
-    """Of the missing ranks others wait on, those a stronger missing unit explains: every group whose members
-    wait on them waits on that unit too, and that unit is waited on in more groups, or as often but is a whole
-    host gone silent (a host that went down), where they are not. At scale dumps go missing beside a real
-    fault (a full disk, a job killed before every rank wrote): 20 lost files beside a host down named 15 root
-    causes, the host seventh. Each group stuck on several missing members needs only one of them to be why;
-    the one that every stuck group shares is the likelier reading. A unit another explains as well (the same
-    groups, both plain) is kept: nothing tells them apart. Returns (the ranks still named, rank -> the ranks
-    of the units that overshadow it)."""
+    """Of the missing ranks others wait on, those a stronger missing unit explains: every rank waiting on them
+    waits on that unit too (directly or through others, as `_still_unexplained` asks of ranks with a dump), and
+    that unit has more waiters, or as many and is a whole host gone silent (a host that went down), where they
+    are not. At scale dumps go missing beside a real fault (a full disk, a job killed before every rank wrote):
+    20 lost files beside a host down named 15 root causes, the host seventh. Each stuck collective with several
+    members missing needs only one of them to be why; the one every waiter waits on is the likelier reading.
+    Units with the same waiters, both plain, are kept (`_missing_findings` names them together: nothing tells
+    them apart). Returns (the ranks still named, rank -> the ranks of the units that overshadow it)."""
     if len(missing) < 2:
         return missing, {}
-    waited = (ctx.w.edges.filter((pl.col("kind") == "missing") & pl.col("src").str.starts_with("g:")
-                                 & pl.col("dst").is_in([f"r:{r}" for r in missing]))
-              .select(pl.col("dst").str.slice(2).cast(pl.Int64).alias("rank"), pl.col("group").cast(pl.String)))
-    groups_of: dict[int, set[str]] = defaultdict(set)
-    for rank, group in waited.iter_rows():
-        groups_of[rank].add(group)
-    units = [(ranks, set().union(*(groups_of[r] for r in ranks)), _whole_host(ctx, ranks))
+    units = [(ranks, frozenset(ctx.w.waiters_of(ranks)), _whole_host(ctx, ranks))
              for ranks in _missing_units(ctx, missing)]
 
     def stronger(a, b) -> bool:
         return len(a[1]) > len(b[1]) or (len(a[1]) == len(b[1]) and a[2] and not b[2])
 
-    # (the units waited on in every group a unit is: the intersection of those groups' units, not all pairs,
-    # for a thousand lost dumps at 16K ranks)
-    in_group: dict[str, set[int]] = defaultdict(set)
-    for i, unit in enumerate(units):
-        for group in unit[1]:
-            in_group[group].add(i)
-    over = {i: [j for j in set.intersection(*(in_group[g] for g in unit[1])) if j != i and stronger(units[j], unit)]
-            for i, unit in enumerate(units) if unit[1]}
-    # (named by the units they leave standing: one that overshadows another is itself overshadowed by a
-    # stronger one only through a superset, which then covers the first too)
+    # (stronger first: a unit can only be overshadowed by one before it; a thousand lost dumps at 16K ranks
+    # then compare against the few strong ones, not all pairs)
+    order = sorted(range(len(units)), key=lambda i: (-len(units[i][1]), not units[i][2]))
+    over: dict[int, list[int]] = {}
+    for pos, i in enumerate(order):
+        unit = units[i]
+        if unit[1]:
+            over[i] = [j for j in order[:pos] if unit[1] <= units[j][1] and stronger(units[j], unit)]
+    # (named by the units they leave standing: one that overshadows another is itself overshadowed only by a
+    # stronger one through a superset, which then covers the first too)
     shadowed = {i for i, by in over.items() if by}
     by_ranks = {r: sorted(r2 for j in over[i] if j not in shadowed for r2 in units[j][0])
                 for i in shadowed for r in units[i][0]}
@@ -623,38 +617,83 @@ def _overshadowed(ctx: _Context, missing: list[int]) -> tuple[list[int], dict[in
 def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) -> list[Finding]:
     if not missing:
         return []
-    out = []
     by_host: dict[str | None, list[int]] = defaultdict(list)
     for r in missing:
         by_host[ctx.topo.host_of.get(r)].append(r)
-    # (the strongest first, as the headline: a whole host silent, then the one waited on in most groups)
-    in_groups = {host: set(edges.filter(pl.col("dst").is_in([f"r:{r}" for r in ranks]))["group"].to_list())
-                 for host, ranks in by_host.items()}
-    for host, ranks in sorted(by_host.items(), key=lambda kv: (kv[0] is None or not _whole_host(ctx, kv[1]),
-                                                               -len(in_groups[kv[0]]), kv[1][0])):
-        groups = sorted(set(edges.filter(pl.col("dst").is_in([f"r:{r}" for r in ranks]))["group"].to_list()))
-        labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
-        waiting = ctx.w.waiters_of(ranks)
-        on_host = ctx.topo.ranks_on(host) if host else []
-        whole_host = bool(on_host) and set(on_host) <= set(ctx.trace.missing_ranks)
-        if whole_host:
-            msg = (f"host {host} is down: none of its {len(on_host)} ranks ({format_ranks(on_host)}) left a dump, "
-                   f"and {_n_wait(len(waiting))} on them in {', '.join(labels)}")
-        else:
-            damaged = [r for r in ranks if r in ctx.damaged]
-            what = ("left no dump," if not damaged else
-                    "left a dump cut short (or with no entry), so how far it got is unknown," if len(ranks) == 1 else
-                    f"left no dump or a damaged one ({format_ranks(damaged)}),")
-            msg = (f"{ctx.ranks_label(ranks)} {what} and {_n_wait(len(waiting))} "
-                   f"on {'it' if len(ranks) == 1 else 'them'} in {', '.join(labels)}")
-        out.append(Finding(
-            # (a host down is all its ranks, those no one is seen waiting on too: they left no dump either)
-            kind="missing_dump", role="root_cause", message=msg, ranks=sorted(on_host) if whole_host else ranks,
-            hosts=[host] if host else [],
-            process_group=ctx.groups.get(groups[0]) if len(groups) == 1 else None,
-            evidence={"waiting_ranks": len(waiting), "groups": groups, "whole_host_missing": whole_host},
-        ))
-    return out
+    waiters = {host: frozenset(ctx.w.waiters_of(ranks)) for host, ranks in by_host.items()}
+    whole = {host: host is not None and _whole_host(ctx, ranks) for host, ranks in by_host.items()}
+    # Units with the same waiters, none a whole host of two or more ranks gone silent, are alike: each stuck
+    # collective needs one of them to be why, and nothing in the dumps says which (8 findings, one per host,
+    # for 11 dumps lost beside a dead link at 128 ranks). One finding names them together.
+    alike: dict[frozenset[int], list[str | None]] = defaultdict(list)
+    for host in by_host:
+        if not whole[host]:
+            alike[waiters[host]].append(host)
+    units = [[host] for host in by_host if whole[host] or len(alike[waiters[host]]) < 2]
+    units += [hosts for hosts in alike.values() if len(hosts) > 1]
+    # (the strongest first, as the headline: a whole host silent, then the one most ranks wait on)
+    units.sort(key=lambda hosts: (not whole[hosts[0]] or len(hosts) > 1, -len(waiters[hosts[0]]),
+                                  min(by_host[hosts[0]])))
+
+    def groups_of(hosts) -> list[str]:
+        ranks = [f"r:{r}" for h in hosts for r in by_host[h]]
+        return sorted(set(edges.filter(pl.col("dst").is_in(ranks))["group"].to_list()))
+
+    return [_missing_finding(ctx, by_host[hosts[0]], hosts[0], groups_of(hosts)) if len(hosts) == 1
+            else _alike_finding(ctx, sorted(r for h in hosts for r in by_host[h]), groups_of(hosts),
+                                [by_host[h] for h in hosts])
+            for hosts in units]
+
+
+def _missing_finding(ctx: _Context, ranks: list[int], host: str | None, groups: list[str]) -> Finding:
+    labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
+    waiting = ctx.w.waiters_of(ranks)
+    on_host = ctx.topo.ranks_on(host) if host else []
+    whole_host = bool(on_host) and set(on_host) <= set(ctx.trace.missing_ranks)
+    if whole_host:
+        msg = (f"host {host} is down: none of its {len(on_host)} ranks ({format_ranks(on_host)}) left a dump, "
+               f"and {_n_wait(len(waiting))} on them in {', '.join(labels)}")
+    else:
+        damaged = [r for r in ranks if r in ctx.damaged]
+        what = ("left no dump," if not damaged else
+                "left a dump cut short (or with no entry), so how far it got is unknown," if len(ranks) == 1 else
+                f"left no dump or a damaged one ({format_ranks(damaged)}),")
+        msg = (f"{ctx.ranks_label(ranks)} {what} and {_n_wait(len(waiting))} "
+               f"on {'it' if len(ranks) == 1 else 'them'} in {', '.join(labels)}")
+    return Finding(
+        # (a host down is all its ranks, those no one is seen waiting on too: they left no dump either)
+        kind="missing_dump", role="root_cause", message=msg, ranks=sorted(on_host) if whole_host else ranks,
+        hosts=[host] if host else [],
+        process_group=ctx.groups.get(groups[0]) if len(groups) == 1 else None,
+        evidence={"waiting_ranks": len(waiting), "groups": groups, "whole_host_missing": whole_host},
+    )
+
+
+def all_with_a_dump_joined(progress: pl.DataFrame, groups: list[str]) -> bool:
+    """Every member with a dump of each of `groups` enqueued the group's furthest collective (its frontier)."""
+    prog = progress.filter(pl.col("group").cast(pl.String).is_in(groups) & pl.col("has_dump"))
+    return prog.height > 0 and bool((prog["last_enqueued"] >= prog["frontier"]).fill_null(False).all())
+
+
+def _alike_finding(ctx: _Context, ranks: list[int], groups: list[str], units: list[list[int]]) -> Finding:
+    """Missing units waited on in the same groups (`_missing_findings`): one of them is why, or, where every
+    member with a dump joined the collective they wait in, none is (their dumps were lost) and the hang is
+    below the software there."""
+    labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
+    waiting = ctx.w.waiters_of(ranks)
+    joined = all_with_a_dump_joined(ctx.m.progress, groups)
+    below = ("; or none is, their dumps only lost, and the hang is below the software (every rank with a dump "
+             "joined)" if joined else "")
+    damaged = [r for r in ranks if r in ctx.damaged]
+    what = "left no dump" if not damaged else f"left no dump or a damaged one ({format_ranks(damaged)})"
+    return Finding(
+        kind="missing_dump", role="root_cause", ranks=ranks, hosts=ctx.topo.hosts(ranks),
+        process_group=ctx.groups.get(groups[0]) if len(groups) == 1 else None,
+        message=(f"{ctx.ranks_label(ranks)} {what}, and {_n_wait(len(waiting))} on them alike in "
+                 f"{', '.join(labels)}: the dumps can't say which of them is why{below}"),
+        evidence={"waiting_ranks": len(waiting), "groups": groups, "whole_host_missing": False, "ambiguous": True,
+                  "alike": [format_ranks(unit) for unit in units], "all_others_joined": joined},
+    )
 
 
 def _duration(ms: float) -> str:
@@ -854,7 +893,7 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
         one = len(shadowed) == 1
         out.append(Finding(
             kind="missing_dump", role="warning", ranks=shadowed, hosts=ctx.topo.hosts(shadowed),
-            message=(f"{ctx.ranks_label(shadowed)} left no dump; every group waiting on {'it' if one else 'them'} "
+            message=(f"{ctx.ranks_label(shadowed)} left no dump; every rank waiting on {'it' if one else 'them'} "
                      f"also waits on {ctx.ranks_label(over)}, named above as the likelier cause: "
                      f"{'it' if one else 'they'} may be down too, or only {'its dump' if one else 'their dumps'} lost"),
             evidence={"missing_ranks": shadowed, "overshadowed_by": over}))

@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from flightrec import analyze, synth, waits
+from flightrec.rootcause import all_with_a_dump_joined
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
 
@@ -958,13 +959,47 @@ def test_lost_bystander_dumps_beside_a_host_down_are_warnings_under_it(make_job,
     assert "may be down too" in warning.message
 
 
-def test_lost_dumps_waited_on_in_the_same_groups_alike_are_both_named(make_job):
+def test_lost_dumps_waited_on_in_the_same_groups_alike_are_named_together(make_job):
     """Two lost dumps that the same groups wait on, neither a whole host: nothing tells which is why, so
-    neither overshadows the other and both are root causes (one rank a host: a host of one rank silent says
-    no more than a lost file)."""
+    neither overshadows the other (one rank a host: a host of one rank silent says no more than a lost file).
+    They are one root cause that says so, and, as every other rank joined the dp all_reduce they are waited on
+    in, that their dumps may only be lost and the hang below the software (they were a root cause each)."""
     job = synth.Job(tp=1, pp=1, dp=8, ranks_per_host=1, fault=synth.Fault(kind="host_down", rank=3, phase="dp"))
     out, truth = make_job(job, per_host_folders=True)
     _damage(out, 6)
     report = analyze(out)
     assert culprits(report)[0] == [3, 6], report.summary
     assert not any(f.evidence.get("overshadowed_by") for f in report.findings)
+    [root] = report.root_causes
+    assert root.evidence["ambiguous"] and root.evidence["alike"] == ["3", "6"] and root.evidence["all_others_joined"]
+    assert "can't say which" in root.message and "below the software" in root.message
+
+
+def test_lost_dumps_alike_say_a_hang_below_only_where_every_member_with_a_dump_joined(make_job):
+    """The clause 'or none is, and the hang is below the software' stands on every member with a dump having
+    enqueued the group's frontier: one behind (here made so in the job's own progress table) takes it away."""
+    job = synth.Job(tp=1, pp=1, dp=8, ranks_per_host=1, fault=synth.Fault(kind="host_down", rank=3, phase="dp"))
+    out, _ = make_job(job, per_host_folders=True)
+    _damage(out, 6)
+    report = analyze(out)
+    progress, group = report.matching.progress, report.root_causes[0].evidence["groups"]
+    assert all_with_a_dump_joined(progress, group)
+    behind = progress.with_columns(pl.when(pl.col("rank") == 5).then(pl.col("frontier") - 1)
+                                   .otherwise(pl.col("last_enqueued")).alias("last_enqueued"))
+    assert not all_with_a_dump_joined(behind, group)
+    assert not all_with_a_dump_joined(progress, ["no such group"])
+
+
+def test_a_lost_dump_whose_waiters_all_wait_on_a_host_down_through_others_is_a_warning(make_job):
+    """Ranks 1 and 3 lost their dumps; rank 5 waits on them in its dp all_reduce, and on rank 7, behind in it,
+    stuck in tp on host node00006, down. Everyone waiting on 1 and 3 waits on rank 6 (through 7): they are a
+    warning under it (they were a root cause: 'the dumps can't say which')."""
+    job = synth.Job(tp=2, pp=1, dp=4, ranks_per_host=1, fault=synth.Fault(kind="host_down", rank=6, phase="tp"))
+    out, truth = make_job(job, per_host_folders=True)
+    _damage(out, 1)
+    _damage(out, 3)
+    report = analyze(out)
+    assert culprits(report)[:2] == (truth["ranks"], truth["hosts"]) == ([6], ["node00006"]), report.summary
+    warning = next(f for f in report.findings if f.evidence.get("overshadowed_by"))
+    assert warning.ranks == [1, 3] and warning.evidence["overshadowed_by"] == [6]
+
