@@ -91,11 +91,15 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None, missing_ranks
     # 8 lost ranks also divide into 4 groups of 2, and a link between the live hosts was named).
     known = pl.col("ranks").list.len()
     spare = candidates.group_by("pg_desc").agg(pl.len().alias("_spare"))
+    # (and where they differ, the largest lack members too when every group of two or more known ranks extends
+    # to a lost one: the host down took a member of each, and a lost bystander one more of one: seed 7, job 274)
+    extend_all = (pl.col("_extends").drop_nulls().all() & (pl.col("_extends").drop_nulls().len() >= 2)).over("pg_desc")
     short = (kinds.join(spare, on="pg_desc").join(_extends_to_lost(kinds, candidates), on="group", how="left")
              .filter((known < known.max().over("pg_desc"))
                      | ((known.min().over("pg_desc") == known.max().over("pg_desc"))
                         & ((known == 1) | (pl.col("_spare") % known != 0)
-                           | pl.col("_extends").fill_null(False).all().over("pg_desc")))))
+                           | pl.col("_extends").fill_null(False).all().over("pg_desc")))
+                     | extend_all))
     pairs = (short.group_by("pg_desc").len().join(spare, on="pg_desc")
              .select((pl.col("len") * pl.col("_spare")).sum()).item()) or 0
     if pairs > MAX_GUESSED_MEMBERS:
@@ -108,14 +112,19 @@ def _lost_members(prog: pl.DataFrame, groups: pl.DataFrame | None, missing_ranks
 
 def _extends_to_lost(kinds: pl.DataFrame, candidates: pl.DataFrame) -> pl.DataFrame:
     """(group, _extends): the group's known ranks are evenly spaced (two or more) and the place one step
-    before the first or after the last is a lost candidate of its kind."""
+    before the first or after the last is a lost candidate of its kind; or, of two known ranks, the place
+    halfway between them (dp 3 across three hosts, the middle one down: 0, 16 of 0, 8, 16; sweep seed 7, job
+    274, where the dp groups read complete and stuck, and a link between the live hosts was named)."""
     spaced = (kinds.select("group", "pg_desc", pl.col("ranks").list.sort().alias("_r"))
               .filter(pl.col("_r").list.len() >= 2)
               .with_columns(pl.col("_r").list.diff(null_behavior="drop").alias("_d"))
               .filter((pl.col("_d").list.n_unique() == 1) & (pl.col("_d").list.first() > 0))
               .with_columns(pl.col("_d").list.first().alias("_step")))
+    halves = spaced.filter((pl.col("_r").list.len() == 2) & (pl.col("_step") % 2 == 0))
     ends = pl.concat([spaced.select("group", "pg_desc", (pl.col("_r").list.first() - pl.col("_step")).alias("rank")),
-                      spaced.select("group", "pg_desc", (pl.col("_r").list.last() + pl.col("_step")).alias("rank"))])
+                      spaced.select("group", "pg_desc", (pl.col("_r").list.last() + pl.col("_step")).alias("rank")),
+                      halves.select("group", "pg_desc", (pl.col("_r").list.first() + pl.col("_step") // 2)
+                                    .alias("rank"))])
     return (ends.join(candidates, on=["pg_desc", "rank"], how="semi").select("group").unique()
             .with_columns(pl.lit(True).alias("_extends"))
             .join(spaced.select("group"), on="group", how="right").select("group", pl.col("_extends").fill_null(False)))

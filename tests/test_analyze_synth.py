@@ -1003,3 +1003,20 @@ def test_a_lost_dump_whose_waiters_all_wait_on_a_host_down_through_others_is_a_w
     warning = next(f for f in report.findings if f.evidence.get("overshadowed_by"))
     assert warning.ranks == [1, 3] and warning.evidence["overshadowed_by"] == [6]
 
+
+@pytest.mark.parametrize("lost", [None, 4])
+def test_gloo_the_middle_host_of_three_down_leaves_dp_groups_short_not_stuck(make_job, lost):
+    """Gloo, tp 2 x pp 4 x dp 3 on three hosts of 8: the middle host down takes the middle member of every dp
+    group (0, 8, 16 reads 0, 16). Read as complete, the dp groups were stuck in flight on every member and a
+    link between the two live hosts was named; the place halfway between a group's two known ranks is a lost
+    rank in every one of them, so each lacks a member, and the host down is named. With rank 4's dump lost
+    too (sweep seed 7, job 274) one dp group reads shorter than the rest, and the rest lack members all the
+    same."""
+    job = synth.Job(tp=2, pp=4, dp=3, steps=3, ranks_per_host=8, microbatches=2, version="2.4", timing=False,
+                    seed=832080, backend="gloo", fault=synth.Fault(kind="host_down", rank=10, phase="dp"))
+    out, truth = make_job(job, per_host_folders=True)
+    if lost is not None:
+        _damage(out, lost)
+    report = analyze(out)
+    assert culprits(report) == (truth["ranks"], truth["hosts"], []) == (list(range(8, 16)), ["node00001"], []), \
+        report.summary
