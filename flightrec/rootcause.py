@@ -50,8 +50,8 @@ class _Context:
         # those of them `_root_findings` holds (not named), and whether beside another cause (or several, none)
         self.held_in_transfers: set[int] = set()
         self.held_beside_cause = False
-        # missing ranks `_root_findings` does not name, as every group waiting on them also waits on others
-        # that more groups wait on (`_overshadowed`): rank -> those others
+        # missing ranks `_root_findings` does not name, as every rank waiting on them also waits on a missing
+        # unit more ranks wait on (`_overshadowed`): rank -> that unit's ranks
         self.overshadowed: dict[int, list[int]] = {}
 
     def rank_label(self, rank: int) -> str:
@@ -597,8 +597,7 @@ def _overshadowed(ctx: _Context, missing: list[int]) -> tuple[list[int], dict[in
     def stronger(a, b) -> bool:
         return len(a[1]) > len(b[1]) or (len(a[1]) == len(b[1]) and a[2] and not b[2])
 
-    # (stronger first: a unit can only be overshadowed by one before it; a thousand lost dumps at 16K ranks
-    # then compare against the few strong ones, not all pairs)
+    # (stronger first: a unit can only be overshadowed by one before it)
     order = sorted(range(len(units)), key=lambda i: (-len(units[i][1]), not units[i][2]))
     over: dict[int, list[int]] = {}
     for pos, i in enumerate(order):
@@ -675,9 +674,9 @@ def all_with_a_dump_joined(progress: pl.DataFrame, groups: list[str]) -> bool:
 
 
 def _alike_finding(ctx: _Context, ranks: list[int], groups: list[str], units: list[list[int]]) -> Finding:
-    """Missing units waited on in the same groups (`_missing_findings`): one of them is why, or, where every
-    member with a dump joined the collective they wait in, none is (their dumps were lost) and the hang is
-    below the software there."""
+    """Missing units with the same waiters (`_missing_findings`): one of them is why, or, where every member
+    with a dump of the groups waiting on them joined those groups' furthest collective, none may be (their dumps
+    were lost) and the hang is below the software there."""
     labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
     waiting = ctx.w.waiters_of(ranks)
     joined = all_with_a_dump_joined(ctx.m.progress, groups)
