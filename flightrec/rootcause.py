@@ -572,12 +572,12 @@ def _missing_units(ctx: _Context, missing: list[int]) -> list[list[int]]:
     return list(by_host.values())
 
 
-def _whole_host(ctx: _Context, ranks: list[int]) -> bool:
-    """`ranks` are all of a host's, two or more, and none left a dump: silent together, as a host that went down
-    is (one lost file on a host of one rank says no more than any other lost file)."""
+def _whole_host(ctx: _Context, ranks: list[int], at_least: int = 2) -> bool:
+    """`ranks`' host holds `at_least` ranks and none left a dump: silent together, as a host that went down is
+    (by default two or more: one lost file on a host of one rank says no more than any other lost file)."""
     host = ctx.topo.host_of.get(ranks[0])
     on_host = ctx.topo.ranks_on(host) if host else []
-    return len(on_host) > 1 and set(on_host) <= set(ctx.trace.missing_ranks)
+    return len(on_host) >= at_least and set(on_host) <= set(ctx.trace.missing_ranks)
 
 
 def _overshadowed(ctx: _Context, missing: list[int]) -> tuple[list[int], dict[int, list[int]]]:
@@ -637,17 +637,20 @@ def _missing_findings(ctx: _Context, missing: list[int], edges: pl.DataFrame) ->
         ranks = [f"r:{r}" for h in hosts for r in by_host[h]]
         return sorted(set(edges.filter(pl.col("dst").is_in(ranks))["group"].to_list()))
 
-    return [_missing_finding(ctx, by_host[hosts[0]], hosts[0], groups_of(hosts)) if len(hosts) == 1
-            else _alike_finding(ctx, sorted(r for h in hosts for r in by_host[h]), groups_of(hosts),
-                                [by_host[h] for h in hosts])
+    return [_missing_finding(ctx, by_host[hosts[0]], hosts[0], groups_of(hosts), waiters[hosts[0]])
+            if len(hosts) == 1 else
+            _alike_finding(ctx, sorted(r for h in hosts for r in by_host[h]), groups_of(hosts),
+                           [by_host[h] for h in hosts], waiters[hosts[0]])
             for hosts in units]
 
 
-def _missing_finding(ctx: _Context, ranks: list[int], host: str | None, groups: list[str]) -> Finding:
+def _missing_finding(ctx: _Context, ranks: list[int], host: str | None, groups: list[str],
+                     waiting: frozenset[int]) -> Finding:
+    """One missing unit (`waiting`: who waits on it). A host of one rank that left no dump reads as down here,
+    as it is named alone."""
     labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
-    waiting = ctx.w.waiters_of(ranks)
     on_host = ctx.topo.ranks_on(host) if host else []
-    whole_host = bool(on_host) and set(on_host) <= set(ctx.trace.missing_ranks)
+    whole_host = host is not None and _whole_host(ctx, ranks, at_least=1)
     if whole_host:
         msg = (f"host {host} is down: none of its {len(on_host)} ranks ({format_ranks(on_host)}) left a dump, "
                f"and {_n_wait(len(waiting))} on them in {', '.join(labels)}")
@@ -673,12 +676,12 @@ def all_with_a_dump_joined(progress: pl.DataFrame, groups: list[str]) -> bool:
     return prog.height > 0 and bool((prog["last_enqueued"] >= prog["frontier"]).fill_null(False).all())
 
 
-def _alike_finding(ctx: _Context, ranks: list[int], groups: list[str], units: list[list[int]]) -> Finding:
+def _alike_finding(ctx: _Context, ranks: list[int], groups: list[str], units: list[list[int]],
+                   waiting: frozenset[int]) -> Finding:
     """Missing units with the same waiters (`_missing_findings`): one of them is why, or, where every member
     with a dump of the groups waiting on them joined those groups' furthest collective, none may be (their dumps
     were lost) and the hang is below the software there."""
     labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
-    waiting = ctx.w.waiters_of(ranks)
     joined = all_with_a_dump_joined(ctx.m.progress, groups)
     below = ("; or none is, their dumps only lost, and the hang is below the software (every rank with a dump "
              "joined)" if joined else "")
