@@ -212,7 +212,8 @@ def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Da
         "backend": [m["backend"] for m in metas],
         "comm_lib_version": [m["comm_lib_version"] for m in metas],
         "entry_count": [m["entry_count"] for m in metas],
-        "problems": _string_lists([[_printable(p) for p in m["problems"]] for m in metas]),
+        "problems": _list_column("problems", [[_printable(p) for p in m["problems"]] for m in metas],
+                                 pa.large_string()),
         "loaded": [m["loaded"] for m in metas],
     }, schema_overrides={"problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
                          "backend": pl.String, "comm_lib_version": pl.String, "format": pl.String})
@@ -244,14 +245,16 @@ def _frame_from_rows(rows: list[tuple], schema: dict) -> pl.DataFrame:
                          in zip(schema.items(), columns)])
 
 
-def _string_lists(lists: list[list[str]]) -> pl.Series:
-    """A List(String) column from Python lists, built as Arrow offsets and values: Polars builds a Series per
-    inner list (50 ms for 8,192 ranks' lists of problems, nearly all empty)."""
+def _list_column(name: str, lists: list[list | None], values_type: pa.DataType) -> pl.Series:
+    """A list column from Python lists (null where a list is None), built as Arrow offsets and values: Polars
+    builds a Series per inner list (50 ms for 8,192 ranks' lists of problems, nearly all empty; 30-40 ms for the
+    3,105 groups' rank lists of 8,192 ranks)."""
     offsets = [0]
     for inner in lists:
-        offsets.append(offsets[-1] + len(inner))
-    values = pa.array([text for inner in lists for text in inner], type=pa.large_string())
-    return pl.Series(pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), values))
+        offsets.append(offsets[-1] + (len(inner) if inner is not None else 0))
+    values = pa.array([v for inner in lists if inner is not None for v in inner], type=values_type)
+    mask = pa.array([inner is None for inner in lists], type=pa.bool_())
+    return pl.Series(name, pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), values, mask=mask))
 
 
 def _entries_frame(parts: list) -> pl.DataFrame:
@@ -276,24 +279,12 @@ def _parse_rank_lists(texts: list[str | None]) -> list[list[int] | None]:
     return out
 
 
-def _rank_lists_column(lists: list[list[int] | None]) -> pl.Series:
-    """A List(Int64) column (null where a list is) built as Arrow offsets and values: Polars builds a Series per
-    inner list, 30-40 ms for the 3,105 groups of 8,192 ranks."""
-    offsets = [0]
-    for ranks in lists:
-        offsets.append(offsets[-1] + (len(ranks) if ranks is not None else 0))
-    values = pa.array([r for ranks in lists if ranks is not None for r in ranks], type=pa.int64())
-    mask = pa.array([ranks is None for ranks in lists], type=pa.bool_())
-    column = pa.LargeListArray.from_arrays(pa.array(offsets, type=pa.int64()), values, mask=mask)
-    return pl.Series("ranks", column, dtype=pl.List(pl.Int64))
-
-
 def _groups_from_config(pg_config: pl.DataFrame, rank_lists: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     """groups (one per name + member set) and memberships (what each rank declared)."""
     distinct = (pg_config.select("pg_name", "ranks_key").unique()
                 .join(rank_lists, on="ranks_key", how="left").sort("pg_name", "ranks_key"))
     distinct = distinct.with_columns(
-        _rank_lists_column(_parse_rank_lists(distinct["ranks_text"].to_list())),
+        _list_column("ranks", _parse_rank_lists(distinct["ranks_text"].to_list()), pa.int64()),
     ).filter(pl.col("ranks").is_not_null())
     variants = pl.col("ranks_key").rank("dense").over("pg_name").cast(pl.Int64)
     distinct = distinct.with_columns(

@@ -11,7 +11,7 @@ The roots are the ranks that are waited on and wait for nobody; a cycle is a dea
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 import polars as pl
@@ -49,9 +49,18 @@ class Waits:
     roots: list[int]
     cycles: list[tuple[list[int], list[str]]]
     waiting: list[int]
+    # (the graph is not changed once built: each set of ranks is walked once, though the root cause asks of the
+    # same lost ranks in several rules)
+    _waiters: dict = field(default_factory=dict, repr=False, compare=False)
 
     def waiters_of(self, ranks: list[int]) -> list[int]:
         """Every rank that transitively waits on any of `ranks`."""
+        key = tuple(sorted(ranks))
+        if key not in self._waiters:
+            self._waiters[key] = self._walk_waiters(ranks)
+        return list(self._waiters[key])
+
+    def _walk_waiters(self, ranks: list[int]) -> list[int]:
         seen: set[str] = set()
         stack = [rank_node(r) for r in ranks if rank_node(r) in self.graph]
         while stack:
