@@ -47,9 +47,8 @@ class TimingOptions:
 class TimingResult:
     """Frames behind the timing findings (see `per_rank`, `per_host`, `lateness`)."""
 
-    lateness: pl.DataFrame          # (group, collective_seq_id, rank, cross, timeout_ms, late_ms, last_to_arrive,
-                                    # last_host_to_arrive): one row per member per collective of the window (hosts:
-                                    # join per_rank)
+    lateness: pl.DataFrame          # (group, collective_seq_id, rank, cross, timeout_ms, late_ms): one row per
+                                    # member per collective of the window (hosts: join per_rank)
     per_rank: pl.DataFrame          # rank, host, n, median_late_ms, late_fraction, straggler, tied_with, echo, groups
     per_host: pl.DataFrame          # host, ranks, median_late_ms, straggler, threshold_ms, tied_with, echo,
                                     # clock_offset_ms
@@ -142,34 +141,36 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
 
 def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
     """Each member's lateness (ms) against the first member of the collective, clock offsets (per dense host
-    index, from `clock_offsets`) removed, and `last_to_arrive`: it came after every other member (the rest were
-    not all at once), and `last_host_to_arrive`: it is on the host of that member (the collective spans hosts).
-    Hosts by their dense index `_h`, as in `units`."""
+    index, from `clock_offsets`) removed. Hosts by their dense index `_h` and collectives by their dense
+    `_slot`, as in `units` (`came_last` reads who came last from them)."""
     # (with no offset, the usual case, the enqueue times are read as they are: no new column)
     shifted = offsets.fill_null(0.0).abs().max() or 0.0
     t = (units["time_created_ns"] if not shifted else units.select(
         (pl.col("time_created_ns") - (pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6)
          .cast(pl.Int64)).alias("time_created_ns")).to_series())
-    # per collective (dense slot) the first and last arrival, and the last one's host, in small tables (both
-    # reductions read the columns' buffers in step: aligned once here, not by each)
+    # per collective (dense slot) the first arrival, in a small table
     slots, n_slots = units["_slot"].rechunk(), int(units["_slot"].max() or 0) + 1
-    t = t.rechunk()
-    first = lookup.reduce_by_position(t, slots, n_slots, "min")
-    last = lookup.reduce_by_position(t, slots, n_slots, "max")
-    t_col, first_t, last_t = pl.col("_t"), pl.lit(first).gather(pl.col("_slot")), pl.lit(last).gather(pl.col("_slot"))
-    lasts = (units.lazy().select("_slot", "_h", "cross", t.alias("_t"))
-             .filter((t_col == last_t) & pl.col("cross") & pl.col("_h").is_not_null()).select("_slot", "_h")
-             .collect())
-    last_host = lookup.spread_by_position(lasts.select(pl.col("_h") + 1), lasts["_slot"], n_slots)["_h"]
+    first = lookup.reduce_by_position(t.rechunk(), slots, n_slots, "min")
     # (the filter copies every column it keeps: only when some enqueue time is unknown, which is rare)
     known = units.lazy().with_columns(t.alias("_t"))
-    return ((known.filter(t_col.is_not_null()) if t.null_count() else known)
-            .select("group", "collective_seq_id", "rank", "_h", "cross", "timeout_ms",
-                    ((t_col - first_t) / 1e6).alias("late_ms"),
-                    ((t_col == last_t) & (last_t > first_t)).alias("last_to_arrive"),
-                    ((pl.lit(last_host).gather(pl.col("_slot")) == pl.col("_h") + 1).fill_null(False)
-                     & (last_t > first_t)).alias("last_host_to_arrive"))
+    return ((known.filter(pl.col("_t").is_not_null()) if t.null_count() else known)
+            .select("group", "collective_seq_id", "rank", "_h", "cross", "timeout_ms", "_slot",
+                    ((pl.col("_t") - pl.lit(first).gather(pl.col("_slot"))) / 1e6).alias("late_ms"))
             .collect(engine="streaming"))
+
+
+def came_last(late: pl.LazyFrame) -> pl.LazyFrame:
+    """`late` (from `lateness`) with `last_to_arrive`: the member came after every other member of its
+    collective (the rest were not all at once), and `last_host_to_arrive`: it is on the host of such a member
+    (the collective spans hosts). Only where the straggler threshold needs them: hashing by collective costs
+    more than the lateness itself."""
+    latest = pl.col("late_ms").max().over("_slot")
+    is_last = (pl.col("late_ms") == latest) & (latest > 0)
+    # (members of one host share it; of two hosts' members last at the same nanosecond, the higher index)
+    last_host = pl.when(is_last & pl.col("cross")).then(pl.col("_h").cast(pl.Int64) + 1).max().over("_slot")
+    mine = pl.col("_h").cast(pl.Int64) + 1
+    return late.with_columns(is_last.alias("last_to_arrive"),
+                             (last_host == mine).fill_null(False).alias("last_host_to_arrive"))
 
 
 def stragglers(late: pl.DataFrame, host_ids: pl.DataFrame, opts: TimingOptions,
@@ -186,7 +187,7 @@ def stragglers(late: pl.DataFrame, host_ids: pl.DataFrame, opts: TimingOptions,
         # collective's latest arrival the spread is the punctual members' (on time, they wait together). (Of
         # two members that leaves the first's zeros: the threshold is then the minimum, and the late-fraction
         # rule keeps symmetric noise out: no straggler in 320 random healthy, offset or slow-link jobs.)
-        punctual = late.lazy().filter(~pl.col("last_to_arrive")).select("late_ms").collect()
+        punctual = came_last(late.lazy()).filter(~pl.col("last_to_arrive")).select("late_ms").collect()
         if punctual.height:
             threshold = min(threshold, _threshold(punctual["late_ms"], opts))
     # A late host is judged against the other hosts: without the last host of each collective. Of a few hosts,
@@ -194,7 +195,8 @@ def stragglers(late: pl.DataFrame, host_ids: pl.DataFrame, opts: TimingOptions,
     # and its other ranks, still in the punctual rows above, widen that spread past its own lateness.
     host_threshold = threshold
     if threshold > opts.min_late_ms:
-        others = late.lazy().filter(pl.col("cross") & ~pl.col("last_host_to_arrive")).select("late_ms").collect()
+        others = (came_last(late.lazy()).filter(pl.col("cross") & ~pl.col("last_host_to_arrive"))
+                  .select("late_ms").collect())
         if others.height:
             host_threshold = min(threshold, _threshold(others["late_ms"], opts))
     margin = WATCHDOG_POLL_MS / 2 if skewed else 0.0
@@ -426,7 +428,8 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     flagged = (per_rank.select("rank", pl.col("straggler").alias("_flagged")),
                per_host.select("host", pl.col("straggler").alias("_flagged")))
     late = late.clone()
-    late.drop_in_place("_h")   # (in place: `drop` goes through a lazy plan, 3 ms at 850K rows in 49 chunks)
+    late.drop_in_place("_h")
+    late.drop_in_place("_slot")   # (in place: `drop` goes through a lazy plan, 3 ms at 850K rows in 49 chunks)
     per_rank = echoes.drop_rank_echoes(per_rank, late, threshold, opts, clocks_known=clocks_known)
     per_rank, per_host = echoes.drop_pipeline_echoes(per_rank, per_host, entries, topo)
     # A straggling rank delays every rank that waits on it, and whole hosts of those then arrive late at
