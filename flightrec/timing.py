@@ -281,12 +281,13 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
     per_inst = (units.lazy().filter(have).group_by("_slot")
                 .agg(pl.col("group").first(), pl.col("op").first(), pl.col("input_sizes").first().alias("_shape"),
                      own_time.alias("ms"))
-                .collect())
+                .collect(engine="streaming"))
     if per_inst.height == 0:
         return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
-    per_group = (per_inst.join(groups.select("group", "pg_desc"), on="group", how="left")
-                 .group_by("group", "pg_desc", "op", "_shape").agg(pl.col("ms").median().alias("median_ms")))
+    # (a group's desc is one: joined to the medians, not hashed with the key)
+    per_group = (per_inst.group_by("group", "op", "_shape").agg(pl.col("ms").median().alias("median_ms"))
+                 .join(groups.select("group", "pg_desc"), on="group", how="left"))
     per_group = per_group.with_columns(
         # baseline: the lower quartile of peer groups, so a slow half doesn't drag the baseline up with it
         pl.col("median_ms").quantile(0.25, "lower").over("pg_desc", "op", "_shape").alias("peer_median_ms"),
