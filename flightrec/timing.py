@@ -353,10 +353,13 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
     left out (a categorical read costs as much again): returns the dense host index (_h, host) to name them."""
     units = m.units
     host_ids = hosts.select("host").unique(maintain_order=True).with_row_index("_h")
-    unit_ranks = units["rank"]
-    checked = unit_ranks.null_count() == 0 and (unit_ranks.min() or 0) >= 0
-    by_rank = lookup.by_position(hosts.join(host_ids, on="host").select("rank", "_h"),
-                                 int(max(hosts["rank"].max() or 0, unit_ranks.max() or 0)) + 1)
+    # (the units' bounds in one pass over them)
+    rank_nulls, rank_min, rank_max, group_nulls, group_max = units.select(
+        pl.col("rank").null_count().alias("a"), pl.col("rank").min().alias("b"), pl.col("rank").max().alias("c"),
+        pl.col("group").null_count().alias("d"), pl.col("group").to_physical().max().alias("e")).row(0)
+    checked = rank_nulls == 0 and (rank_min or 0) >= 0
+    by_rank = lookup.by_position(hosts.join(host_ids, on="host", maintain_order="left").select("rank", "_h"),
+                                 int(max(hosts["rank"].max() or 0, rank_max or 0)) + 1)
     # a group spans hosts when its members' host indexes differ (from the member lists, which are small)
     spanning = (groups.select("group", pl.col("ranks").alias("rank")).explode("rank").drop_nulls()
                 .with_columns(lookup.read(by_rank, "_h", pl.col("rank")).alias("_h"))
@@ -370,14 +373,14 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
            .with_columns((pl.col("_j").cast(pl.Int64) * opts.window + pl.col("_top")).alias("_base"))
            .select("_g", "_top", "cross", "_base"))
     gid = pl.col("group").to_physical()
-    checked &= units["group"].null_count() == 0
+    checked &= group_nulls == 0
     # Units are in rank order (`match.collective_units`), and so is the window: flagged, per-rank groups
     # downstream are slices. Where hosts hold runs of ranks (every rank placed, host indexes rising with rank:
     # read from the small table) the host index is sorted too.
     host_index = lookup.read(by_rank, "_h", pl.col("rank"), in_range=checked)
     if by_rank["_h"].null_count() == 0 and by_rank["_h"].is_sorted():
         host_index = host_index.set_sorted()
-    by_group = lookup.by_position(top, int(max(top["_g"].max() or 0, units["group"].to_physical().max() or 0)) + 1)
+    by_group = lookup.by_position(top, int(max(top["_g"].max() or 0, group_max or 0)) + 1)
     top_seq = lookup.read(by_group, "_top", gid, in_range=checked)
     return (units.lazy()
             .select("group", "collective_seq_id", pl.col("rank").set_sorted(), "op", "input_sizes", "time_created_ns",
