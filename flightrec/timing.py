@@ -181,21 +181,23 @@ def stragglers(late: pl.DataFrame, host_ids: pl.DataFrame, opts: TimingOptions,
     rank must be late by half a poll more (a host 500 ms off, estimated 479, is not 21 ms late; estimated 522,
     its partners in collectives would be 22 ms late)."""
     threshold = _threshold(late["late_ms"], opts)
+    arrivals = None
     if threshold > opts.min_late_ms:
+        arrivals = came_last(late.lazy().select("_slot", "_h", "cross", "late_ms")).collect()
         # The spread decides, and the late ones' own rows widen it: in a job of a few ranks a straggler and the
         # pipeline neighbours that wait on it are a third of all rows, and none stands out. Without each
         # collective's latest arrival the spread is the punctual members' (on time, they wait together). (Of
         # two members that leaves the first's zeros: the threshold is then the minimum, and the late-fraction
         # rule keeps symmetric noise out: no straggler in 320 random healthy, offset or slow-link jobs.)
-        punctual = came_last(late.lazy()).filter(~pl.col("last_to_arrive")).select("late_ms").collect()
+        punctual = arrivals.lazy().filter(~pl.col("last_to_arrive")).select("late_ms").collect()
         if punctual.height:
             threshold = min(threshold, _threshold(punctual["late_ms"], opts))
     # A late host is judged against the other hosts: without the last host of each collective. Of a few hosts,
     # one that holds a whole pipeline stays behind by a second or more (waits pile up across the microbatches),
     # and its other ranks, still in the punctual rows above, widen that spread past its own lateness.
     host_threshold = threshold
-    if threshold > opts.min_late_ms:
-        others = (came_last(late.lazy()).filter(pl.col("cross") & ~pl.col("last_host_to_arrive"))
+    if threshold > opts.min_late_ms and arrivals is not None:
+        others = (arrivals.lazy().filter(pl.col("cross") & ~pl.col("last_host_to_arrive"))
                   .select("late_ms").collect())
         if others.height:
             host_threshold = min(threshold, _threshold(others["late_ms"], opts))
