@@ -16,7 +16,8 @@ def by_position(table: pl.DataFrame, size: int) -> pl.DataFrame:
     nulls where a key is absent."""
     key = table.columns[0]
     keys = table.get_column(key)
-    if table.height == size and size and keys[0] == 0 and (keys.diff(null_behavior="drop") == 1).all():
+    if (table.height == size and size and not keys.null_count() and keys[0] == 0
+            and (keys.diff(null_behavior="drop") == 1).all()):
         return table.drop(key)   # (laid out already: a rank per row, in order, as host maps usually are)
     return (pl.DataFrame({key: pl.arange(0, size, dtype=table.schema[key], eager=True)})
             .join(table, on=key, how="left", maintain_order="left").drop(key))

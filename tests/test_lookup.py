@@ -16,15 +16,16 @@ def test_read_by_position_is_a_left_join():
     assert got["host"].to_list() == ["c", "a", None, None, "b", None, None, "a"]
 
 
-
 def test_a_table_already_laid_out_is_taken_as_it_is_and_one_that_only_looks_so_is_not():
     # (a key per row from 0 in order is the layout itself; same first and last keys with a repeat in between,
-    # or out of order, or short of the size, go through the join)
-    for keys, size in (([0, 1, 2, 3], 4), ([0, 1, 1, 3], 4), ([0, 2, 1, 3], 4), ([0, 1, 2], 4), ([1, 2, 3], 3)):
-        table = pl.DataFrame({"k": keys, "v": [10 * k + i for i, k in enumerate(keys)]})
+    # or out of order, or short of the size, or a null key, go through the join)
+    for keys, size in (([0, 1, 2, 3], 4), ([0, 1, 1, 3], 4), ([0, 2, 1, 3], 4), ([0, 1, 2], 4), ([1, 2, 3], 3),
+                       ([0, None, 2], 3), ([0, 1, None], 3)):
+        table = pl.DataFrame({"k": keys, "v": [10 * (k or 0) + i for i, k in enumerate(keys)]})
         want = (pl.DataFrame({"k": list(range(size))}).join(table, on="k", how="left", maintain_order="left")
                 .drop("k"))
         assert lookup.by_position(table, size).equals(want), keys
+
 
 def test_read_from_an_empty_table_gives_nulls():
     laid_out = lookup.by_position(pl.DataFrame(schema={"g": pl.UInt32, "n": pl.Int64}), 1)
