@@ -348,8 +348,8 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
     """What timing reads, of each multi-member group's last `window` collectives below its frontier (the
     furthest any member got: from the small progress table, not from the units), in the units' (rank, record)
     order. Each row also gets the dense host index `_h`, `cross` (its group spans hosts) and `_slot`
-    (a dense position per collective, below `window` x the number of groups: per-collective minima and maxima
-    are reduced into small tables by position, no hashing). Per-group and per-rank values are read by position
+    (a dense position per collective, below `window` x the number of groups: each collective's first arrival
+    is reduced into a small table by position, no hashing). Per-group and per-rank values are read by position
     (group id, rank) from small dense tables, not joined: a join over the 1.5M units at 16K ranks costs 2.5x as
     much; tables sized to every key in the units are read without range checks (4x cheaper). Host names are
     left out (a categorical read costs as much again): returns the dense host index (_h, host) to name them."""
