@@ -87,17 +87,17 @@ def medians_alternated(codes: list[str], repeat: int) -> list[dict]:
     for _ in range(repeat):
         for i, code in enumerate(codes):
             runs[i].append(run(code))
-    return [_medians(r) for r in runs]
+    return [medians(r) for r in runs]
 
 
-def _medians(runs: list[dict]) -> dict:
+def medians(runs: list[dict]) -> dict:
     keys = runs[0].keys()
     return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], (int, float)) else runs[0][k]
             for k in keys} | {"runs": [r["s"] for r in runs]}
 
 
 def median_of(code: str, repeat: int) -> dict:
-    return _medians([run(code) for _ in range(repeat)])
+    return medians([run(code) for _ in range(repeat)])
 
 
 def gib(n: float) -> str:
