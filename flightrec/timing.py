@@ -149,8 +149,8 @@ def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
         (pl.col("time_created_ns") - (pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6)
          .cast(pl.Int64)).alias("time_created_ns")).to_series())
     # per collective (dense slot) the first arrival, in a small table
-    slots, n_slots = units["_slot"].rechunk(), int(units["_slot"].max() or 0) + 1
-    first = lookup.reduce_by_position(t.rechunk(), slots, n_slots, "min")
+    # (`reduce_by_position` aligns the columns' chunks itself: one reduction left, nothing to align once for it)
+    first = lookup.reduce_by_position(t, units["_slot"], int(units["_slot"].max() or 0) + 1, "min")
     # (the filter copies every column it keeps: only when some enqueue time is unknown, which is rare)
     known = units.lazy().with_columns(t.alias("_t"))
     return ((known.filter(pl.col("_t").is_not_null()) if t.null_count() else known)
