@@ -14,8 +14,10 @@ suspects, as in `locate`.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Callable
 
 import polars as pl
 
@@ -139,13 +141,12 @@ def clock_offsets(units: pl.DataFrame, n_hosts: int, tolerance_ms: float = 1.0, 
             .scatter(error["_h"], centred.zip_with(significant, pl.Series([0.0] * len(centred)))))
 
 
-def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
+def lateness(units: pl.DataFrame, offsets: pl.Series | None) -> pl.DataFrame:
     """Each member's lateness (ms) against the first member of the collective, clock offsets (per dense host
-    index, from `clock_offsets`) removed. Hosts by their dense index `_h` and collectives by their dense
-    `_slot`, as in `units` (`came_last` reads who came last from them)."""
+    index, from `clock_offsets`; None: none) removed. Hosts by their dense index `_h` and collectives by their
+    dense `_slot`, as in `units` (`came_last` reads who came last from them)."""
     # (with no offset, the usual case, the enqueue times are read as they are: no new column)
-    shifted = offsets.fill_null(0.0).abs().max() or 0.0
-    t = (units["time_created_ns"] if not shifted else units.select(
+    t = (units["time_created_ns"] if not shifts(offsets) else units.select(
         (pl.col("time_created_ns") - (pl.lit(offsets.fill_null(0.0)).gather(pl.col("_h")).fill_null(0.0) * 1e6)
          .cast(pl.Int64)).alias("time_created_ns")).to_series())
     # per collective (dense slot) the first arrival, in a small table
@@ -157,6 +158,11 @@ def lateness(units: pl.DataFrame, offsets: pl.Series) -> pl.DataFrame:
             .select("group", "collective_seq_id", "rank", "_h", "cross", "timeout_ms", "_slot",
                     ((pl.col("_t") - pl.lit(first).gather(pl.col("_slot"))) / 1e6).alias("late_ms"))
             .collect(engine="streaming"))
+
+
+def shifts(offsets: pl.Series | None) -> bool:
+    """Some host's clock offset is not zero (so `lateness` removes them)."""
+    return offsets is not None and bool(offsets.fill_null(0.0).abs().max() or 0.0)
 
 
 def came_last(late: pl.LazyFrame) -> pl.LazyFrame:
@@ -362,19 +368,19 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
     checked = rank_nulls == 0 and (rank_min or 0) >= 0
     by_rank = lookup.by_position(hosts.join(host_ids, on="host", maintain_order="left").select("rank", "_h"),
                                  int(max(hosts["rank"].max() or 0, rank_max or 0)) + 1)
-    # a group spans hosts when its members' host indexes differ (from the member lists, which are small)
-    spanning = (groups.select("group", pl.col("ranks").alias("rank")).explode("rank").drop_nulls()
-                .with_columns(lookup.read(by_rank, "_h", pl.col("rank")).alias("_h"))
-                .group_by("group").agg((pl.col("_h").max() != pl.col("_h").min()).fill_null(False).alias("cross")))
-    top = (m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
-           .join(groups.filter(pl.col("size") >= 2).select("group"), on="group", how="semi")
-           .join(spanning, on="group", how="left")
-           .select(pl.col("group").to_physical().alias("_g"), "_top", pl.col("cross").fill_null(False))
+    # Per group with two or more members, in one pass over the member table (`m.progress`, a row per member):
+    # its frontier, and whether it spans hosts (its members' host indexes differ)
+    gid = pl.col("group").to_physical()
+    top = (m.progress.lazy().select(gid.alias("_g"), "frontier",
+                                    lookup.read(by_rank, "_h", pl.col("rank")).alias("_h"))
+           .group_by("_g").agg(pl.col("frontier").max().alias("_top"),
+                               (pl.col("_h").max() != pl.col("_h").min()).fill_null(False).alias("cross"))
+           .join(groups.lazy().filter(pl.col("size") >= 2).select(gid.alias("_g")), on="_g", how="semi")
            # each group's window is `window` slots from _base down: slot = _base - seq
            .with_row_index("_j")
            .with_columns((pl.col("_j").cast(pl.Int64) * opts.window + pl.col("_top")).alias("_base"))
-           .select("_g", "_top", "cross", "_base"))
-    gid = pl.col("group").to_physical()
+           .select("_g", "_top", "cross", "_base")
+           .collect())
     checked &= group_nulls == 0
     # Units are in rank order (`match.collective_units`), and so is the window: flagged, per-rank groups
     # downstream are slices. Where hosts hold runs of ranks (every rank placed, host indexes rising with rank:
@@ -402,10 +408,31 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     without them, every late one is reported."""
     opts = opts or TimingOptions()
     units, host_ids = _window(m, groups, topo.frame(), opts)
+    # Slow groups read only the window: worked out on a second thread meanwhile. Polars releases the GIL while it
+    # works and keeps both cores busy in only part of what follows (~1.5 cores of 2 at 16K ranks).
+    # So is lateness as enqueued, first, while the clock offsets are estimated: with none found (the usual case)
+    # it is the lateness.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        as_enqueued = pool.submit(lateness, units, None)
+        slow = pool.submit(_slow_groups, units, groups, host_ids, topo, opts)
+        return _analyze_window(units, host_ids, groups, topo, opts, entries, as_enqueued.result, slow.result)
+
+
+def _slow_groups(units: pl.DataFrame, groups: pl.DataFrame, host_ids: pl.DataFrame, topo: Topology,
+                 opts: TimingOptions) -> tuple[pl.DataFrame, list[str], list[list[str]]]:
+    speeds = group_speeds(units, groups, opts)
+    return speeds, *_localize(speeds, units, host_ids, topo)
+
+
+def _analyze_window(units: pl.DataFrame, host_ids: pl.DataFrame, groups: pl.DataFrame, topo: Topology,
+                    opts: TimingOptions, entries: pl.DataFrame | None, as_enqueued: Callable[[], pl.DataFrame],
+                    slow_groups: Callable[[], tuple[pl.DataFrame, list[str], list[list[str]]]]) -> TimingResult:
+    """`analyze_timing` past the window, but for two parts worked out on another thread: `as_enqueued` returns
+    the lateness with no clock offset removed, `slow_groups` the slow groups, each when done."""
     by_host = clock_offsets(units, host_ids.height)
     offsets = (host_ids.with_columns(by_host.gather(host_ids["_h"]).alias("clock_offset_ms"))
                .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
-    late = lateness(units, by_host)
+    late = lateness(units, by_host) if shifts(by_host) else as_enqueued()
     per_rank, per_host, threshold = stragglers(late, host_ids, opts, skewed=(offsets["clock_offset_ms"] != 0).any())
     clocks_known = offsets.height == host_ids.height
     ahead: dict[Suspect, float] = {}
@@ -461,8 +488,7 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
                                                        on="rank", how="semi")
              .group_by("rank").agg(pl.col("group").unique().sort().alias("groups")).collect())
     per_rank = per_rank.join(where, on="rank", how="left").with_columns(pl.col("groups").fill_null([]))
-    speeds = group_speeds(units, groups, opts)
-    slow_hosts, slow_links = _localize(speeds, units, host_ids, topo)
+    speeds, slow_hosts, slow_links = slow_groups()
     return TimingResult(lateness=late, per_rank=per_rank, per_host=per_host, clock_offsets=offsets,
                         slow_groups=speeds.filter(pl.col("slow")).drop("slow"), slow_hosts=slow_hosts,
                         slow_links=slow_links, threshold_ms=threshold, slow_p2p_links=slow_p2p,
