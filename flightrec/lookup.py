@@ -67,3 +67,22 @@ def reduce_by_position(values: pl.Series, key: pl.Series, size: int, how: str) -
     table = pl.Series(values.name, out)
     return pl.select(pl.when(table != identity).then(table)).to_series()
 
+
+
+def any_by_position(values: pl.Series, key: pl.Series, size: int) -> pl.Series:
+    """Per position 0..size-1, the physical code (an integer column's value, a categorical's id) of one of the
+    `values` whose `key` (no nulls) is that position, the last in row order; null where there is none. For a
+    value every row of a position shares (a collective's op, its group), where `first` in a group_by would
+    hash every row: a numpy scatter over the columns' own buffers, in a third of the CPU on 850K rows."""
+    codes = values.to_physical()
+    if codes.dtype not in (pl.UInt8, pl.UInt16, pl.UInt32, pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt64):
+        raise TypeError(f"any_by_position: {values.name} is {values.dtype}, not integer codes")
+    out = np.full(size, -1, dtype=np.int64)   # (-1: no row; numpy widens the codes as it writes them)
+    for code_chunk, key_chunk in _aligned_chunks(codes, key):
+        positions = key_chunk.to_numpy()
+        if code_chunk.null_count():
+            positions = positions[code_chunk.is_not_null().to_numpy()]
+            code_chunk = code_chunk.drop_nulls()
+        out[positions] = code_chunk.to_numpy()
+    table = pl.Series(values.name, out)
+    return pl.select(pl.when(table >= 0).then(table).cast(codes.dtype)).to_series()

@@ -281,30 +281,36 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
     # poll late and pinned by the poll's phase when steps are regular: then a group must be slower than its
     # peers by a whole poll as well, or that noise reads as slow groups.
     timed = units["duration_ms"].null_count() < units.height
-    own_time = (pl.col("duration_ms").cast(pl.Float64) if timed else
-                (pl.col("time_completed_ns") - pl.col("time_created_ns")) / 1e6).min()
-    have = (pl.col("duration_ms").is_not_null() if timed else
-            pl.col("time_completed_ns").is_not_null() & pl.col("time_created_ns").is_not_null())
+    own_time = (units["duration_ms"] if timed else units.select(
+        ((pl.col("time_completed_ns") - pl.col("time_created_ns")) / 1e6).alias("duration_ms")).to_series())
     min_slow_ms = opts.min_slow_ms if timed else max(opts.min_slow_ms, WATCHDOG_POLL_MS)
-    per_inst = (units.lazy().filter(have).group_by("_slot")
-                .agg(pl.col("group").first(), pl.col("op").first(), pl.col("input_sizes").first().alias("_shape"),
-                     own_time.alias("ms"))
-                .collect(engine="streaming"))
+    # Per collective (dense slot), read by position, not hashed: its group, op and shapes (one member's: they
+    # agree where it matched) and its shortest member's time. (numpy over the columns' buffers: a third of the
+    # CPU of a group_by on 850K rows, which matters as this runs beside the clock offsets, `analyze_timing`.)
+    slot = units["_slot"]
+    size = int(slot.max() or 0) + 1
+    per_inst = pl.DataFrame([lookup.any_by_position(units["group"], slot, size).alias("_g"),
+                             lookup.any_by_position(units["op"], slot, size).alias("_op"),
+                             lookup.any_by_position(units["input_sizes"], slot, size).alias("_shape"),
+                             lookup.reduce_by_position(own_time, slot, size, "min").cast(pl.Float64).alias("ms")]
+                            ).filter(pl.col("ms").is_not_null())
     if per_inst.height == 0:
         return pl.DataFrame(schema={"group": pl.Categorical(), "op": pl.String, "median_ms": pl.Float64,
                                     "peer_median_ms": pl.Float64, "ratio": pl.Float64, "slow": pl.Boolean})
-    # (a group's desc is one: joined to the medians, not hashed with the key)
-    per_group = (per_inst.group_by("group", "op", "_shape").agg(pl.col("ms").median().alias("median_ms"))
-                 .join(groups.select("group", "pg_desc"), on="group", how="left"))
+    # (a group's name and desc are one: joined to the medians by id, not hashed with the key)
+    per_group = (per_inst.group_by("_g", "_op", "_shape").agg(pl.col("ms").median().alias("median_ms"))
+                 .join(groups.select(pl.col("group").to_physical().alias("_g"), "group", "pg_desc"), on="_g",
+                       how="left"))
     per_group = per_group.with_columns(
         # baseline: the lower quartile of peer groups, so a slow half doesn't drag the baseline up with it
-        pl.col("median_ms").quantile(0.25, "lower").over("pg_desc", "op", "_shape").alias("peer_median_ms"),
-        pl.len().over("pg_desc", "op", "_shape").alias("_peers"))
+        pl.col("median_ms").quantile(0.25, "lower").over("pg_desc", "_op", "_shape").alias("peer_median_ms"),
+        pl.len().over("pg_desc", "_op", "_shape").alias("_peers"))
     return (per_group.filter(pl.col("_peers") >= 2)
             .with_columns((pl.col("median_ms") / pl.col("peer_median_ms")).alias("ratio"))
             .with_columns(((pl.col("ratio") >= opts.slow_factor)
                            & (pl.col("median_ms") - pl.col("peer_median_ms") >= min_slow_ms)).alias("slow"))
-            .select("group", pl.col("op").cast(pl.String), "median_ms", "peer_median_ms", "ratio", "slow")
+            .select("group", pl.lit(pl.Series(units.schema["op"].categories)).gather(pl.col("_op")).alias("op"),
+                    "median_ms", "peer_median_ms", "ratio", "slow")
             .sort("group", "op"))
 
 

@@ -42,6 +42,23 @@ def test_in_range_reads_skip_the_checks_and_covers_says_when_that_is_safe():
     assert got["v"].to_list() == [12, None, 10]
 
 
+def test_any_by_position_gives_one_row_s_code_per_position_and_null_where_none():
+    # chunked as the window comes (several chunks, keys spread over them), with a null value: it is skipped,
+    # and a position whose only row is null stays null
+    ops = pl.Enum(["all_reduce", "send", "recv"])
+    values = pl.concat([pl.Series("op", ["send", None, "recv"], dtype=ops),
+                        pl.Series("op", ["send", "all_reduce"], dtype=ops)], rechunk=False)
+    keys = pl.concat([pl.Series("k", [3, 1, 0], dtype=pl.UInt32), pl.Series("k", [3, 4], dtype=pl.UInt32)],
+                     rechunk=False)
+    got = lookup.any_by_position(values, keys, 6)
+    assert got.dtype == pl.UInt8 and got.to_list() == [2, None, None, 1, 0, None]
+    names = pl.Series(ops.categories)
+    assert [None if c is None else names[c] for c in got.to_list()] == ["recv", None, None, "send", "all_reduce", None]
+    groups = pl.Series("group", ["tp0", "dp1", "tp0"], dtype=pl.Categorical())
+    codes = lookup.any_by_position(groups, pl.Series([1, 0, 1], dtype=pl.UInt32), 2)
+    assert codes.to_list() == groups.to_physical().gather([1, 0]).to_list()
+
+
 def test_a_negative_peer_local_has_no_peer(make_job):
     """A peer's local rank outside its group (negative, or past its size) names no peer, never another
     group's member."""
