@@ -39,8 +39,14 @@ class Topology:
         return sorted(r for r, h in self.host_of.items() if h == host)
 
     def frame(self) -> pl.DataFrame:
-        return pl.DataFrame({"rank": list(self.host_of), "host": list(self.host_of.values())},
-                            schema={"rank": pl.Int64, "host": pl.Categorical()}).sort("rank")
+        """(rank, host) sorted by rank. Built once (3 ms at 16K ranks, and an analysis reads it several times):
+        a topology is not changed after it is made."""
+        built = self.__dict__.get("_frame")
+        if built is None:
+            built = pl.DataFrame({"rank": list(self.host_of), "host": list(self.host_of.values())},
+                                 schema={"rank": pl.Int64, "host": pl.Categorical()}).sort("rank")
+            object.__setattr__(self, "_frame", built)   # (frozen: the cache is not a field)
+        return built
 
 
 def read_hosts_file(path: str | Path) -> dict[int, str]:

@@ -10,6 +10,7 @@ import pytest
 
 from flightrec import analyze, synth, waits
 from flightrec.rootcause import all_with_a_dump_joined
+from flightrec.topology import Topology
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
 
@@ -368,6 +369,14 @@ def test_json_dumps_give_the_same_answer(make_job):
     job = synth.Job(tp=4, pp=2, dp=2, fault=synth.Fault(kind="not_joined", rank=6))
     report, _ = run(make_job, job, fmt="json")
     assert culprits(report)[0] == [6]
+
+
+def test_a_topology_frame_is_built_once_sorted_by_rank_and_equality_ignores_it():
+    topo = Topology({3: "b", 0: "a", 1: "a"})
+    frame = topo.frame()
+    assert frame["rank"].to_list() == [0, 1, 3] and frame["host"].cast(pl.String).to_list() == ["a", "a", "b"]
+    assert topo.frame() is frame
+    assert topo == Topology({3: "b", 0: "a", 1: "a"}) and "_frame" not in repr(topo)
 
 
 def test_topology_rolls_hosts_up_to_their_switch(make_job, tmp_path):
