@@ -42,6 +42,20 @@ def test_in_range_reads_skip_the_checks_and_covers_says_when_that_is_safe():
     assert got["v"].to_list() == [12, None, 10]
 
 
+def test_reduce_by_position_is_a_group_by_min_or_max_laid_out_with_nulls_where_no_row():
+    # chunked differently from the key (as a computed column is from the window), nulls skipped
+    values = pl.concat([pl.Series("t", [5, None, 7]), pl.Series("t", [2, 9])], rechunk=False)
+    keys = pl.Series("k", [0, 1, 3, 3, 0], dtype=pl.UInt32)
+    frame = pl.DataFrame([values, keys])
+    for how in ("min", "max"):
+        got = lookup.reduce_by_position(values, keys, 5, how)
+        want = (pl.DataFrame({"k": pl.arange(0, 5, dtype=pl.UInt32, eager=True)})
+                .join(frame.group_by("k").agg(getattr(pl.col("t"), how)()), on="k", how="left", maintain_order="left"))
+        assert got.to_list() == want["t"].to_list(), how
+    floats = lookup.reduce_by_position(pl.Series("ms", [1.5, 0.5, None], dtype=pl.Float32), keys.head(3), 4, "min")
+    assert floats.dtype == pl.Float32 and floats.to_list() == [1.5, 0.5, None, None]
+
+
 def test_any_by_position_gives_one_row_s_code_per_position_and_null_where_none():
     # chunked as the window comes (several chunks, keys spread over them), with a null value: it is skipped,
     # and a position whose only row is null stays null
