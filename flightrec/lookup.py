@@ -68,12 +68,11 @@ def reduce_by_position(values: pl.Series, key: pl.Series, size: int, how: str) -
     return pl.select(pl.when(table != identity).then(table)).to_series()
 
 
-
 def any_by_position(values: pl.Series, key: pl.Series, size: int) -> pl.Series:
     """Per position 0..size-1, the physical code (an integer column's value, a categorical's id) of one of the
     `values` whose `key` (no nulls) is that position, the last in row order; null where there is none. For a
     value every row of a position shares (a collective's op, its group), where `first` in a group_by would
-    hash every row: a numpy scatter over the columns' own buffers, in a third of the CPU on 850K rows."""
+    hash every row: a numpy scatter over the columns' own buffers, in about half the CPU on 850K rows."""
     codes = values.to_physical()
     if codes.dtype not in (pl.UInt8, pl.UInt16, pl.UInt32, pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt64):
         raise TypeError(f"any_by_position: {values.name} is {values.dtype}, not integer codes")

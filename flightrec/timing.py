@@ -285,7 +285,7 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
         ((pl.col("time_completed_ns") - pl.col("time_created_ns")) / 1e6).alias("duration_ms")).to_series())
     min_slow_ms = opts.min_slow_ms if timed else max(opts.min_slow_ms, WATCHDOG_POLL_MS)
     # Per collective (dense slot), read by position, not hashed: its group, op and shapes (one member's: they
-    # agree where it matched) and its shortest member's time. (numpy over the columns' buffers: a third of the
+    # agree where it matched) and its shortest member's time. (numpy over the columns' buffers: about half the
     # CPU of a group_by on 850K rows, which matters as this runs beside the clock offsets, `analyze_timing`.)
     slot = units["_slot"]
     size = int(slot.max() or 0) + 1
@@ -414,10 +414,9 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     without them, every late one is reported."""
     opts = opts or TimingOptions()
     units, host_ids = _window(m, groups, topo.frame(), opts)
-    # Slow groups read only the window: worked out on a second thread meanwhile. Polars releases the GIL while it
-    # works and keeps both cores busy in only part of what follows (~1.5 cores of 2 at 16K ranks).
-    # So is lateness as enqueued, first, while the clock offsets are estimated: with none found (the usual case)
-    # it is the lateness.
+    # While the clock offsets are estimated, a second thread works out what needs none: first the lateness as
+    # enqueued (the lateness, when no host's clock is off: the usual case), then the slow groups. Polars releases
+    # the GIL while it works and keeps both cores busy in only part of what follows (~1.5 of 2 at 16K ranks).
     with ThreadPoolExecutor(max_workers=1) as pool:
         as_enqueued = pool.submit(lateness, units, None)
         slow = pool.submit(_slow_groups, units, groups, host_ids, topo, opts)
