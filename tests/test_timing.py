@@ -13,8 +13,8 @@ from flightrec import analyze, load, synth
 from flightrec.api import run_match
 from flightrec.cli import main
 from flightrec.schema import Op
-from flightrec.timing import TimingOptions, _threshold, _window
-from flightrec.topology import Topology
+from flightrec.timing import TimingOptions, _threshold, _window, analyze_timing
+from flightrec.topology import Topology, resolve
 
 from .conftest import FIXTURES, recorded_cases
 
@@ -719,3 +719,17 @@ def test_gloo_a_straggling_host_is_still_named(make_job):
     report = analyze(out, use_cache=False)
     assert [(f.kind, f.hosts) for f in report.findings if f.kind in ("straggler", "clock_offset")] == [
         ("straggler", ["node00001"])], report.summary
+
+
+def test_an_error_on_timings_second_thread_reaches_the_caller(monkeypatch):
+    """analyze_timing works out the slow groups on a second thread: a failure there is raised, not lost or hung."""
+    trace = load(FIXTURES / "straggler")
+    m = run_match(trace)
+
+    def broken(*_):
+        raise RuntimeError("group speeds broke")
+
+    monkeypatch.setattr("flightrec.timing.group_speeds", broken)
+    with pytest.raises(RuntimeError, match="group speeds broke"):
+        analyze_timing(m, trace.groups, resolve(world_size=trace.world_size, from_dumps=trace.hosts),
+                       entries=trace.entries)
