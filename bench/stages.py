@@ -1,6 +1,10 @@
 """Stage timings (issues 3, 4, 8): ingest, matching, wait-for graph + root cause, timing, in one process.
 
-    python -m bench.stages [--sizes 4096x200,16384x200] [--repeat 3]
+    python -m bench.stages [--sizes 4096x200,16384x200] [--repeat 3] [--against REV]
+
+--against REV also runs the stages on the code at git revision REV (a temporary worktree reading the same
+data, with the compiled reader copied in), the two checkouts' fresh processes taken in turn: a change's
+before and after under the same noise.
 
 Targets: matching adds <= 25% to ingest; the wait-for analysis adds <= 2 s to matching at 16,384 ranks;
 timing adds <= 20% to matching.
@@ -9,10 +13,25 @@ timing adds <= 20% to matching.
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
 
 from .data import dataset
 from .ingest import parse_sizes
 from .measure import gib, medians, run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Put before STAGES: import flightrec from another checkout (a worktree of --against), and say so if it did not.
+FROM_CHECKOUT = """
+import sys
+sys.path.insert(0, {root!r})
+import flightrec
+assert flightrec.__file__.startswith({root!r}), f"flightrec imported from {{flightrec.__file__}}, not {root}"
+"""
 
 STAGES = """
 import json, time, warnings
@@ -44,16 +63,44 @@ print(json.dumps(out))
 """
 
 
-def measure(ranks: int, entries: int, repeat: int) -> dict:
+def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | None = None) -> list[dict]:
+    """A row for this checkout, and one per other checkout in `others` (label -> its root), runs in turn."""
     d, truth = dataset(ranks, entries)
-    runs = [run(STAGES.format(d=str(d))) for _ in range(repeat)]
-    r = medians(runs)
-    # (the spread of the per-run ratios: on a shared machine one run's match can take 30% longer than another's)
-    ratios = [x["timing_over_match"] for x in runs]
-    r["timing_over_match_range"] = (min(ratios), max(ratios))
-    r["size"] = f"{ranks:,} x {entries:,}"
-    r["correct"] = r["culprits"] == truth["ranks"]
-    return r
+    codes = {"": STAGES.format(d=str(d))} | {label: FROM_CHECKOUT.format(root=str(root)) + STAGES.format(d=str(d))
+                                              for label, root in (others or {}).items()}
+    runs: dict[str, list[dict]] = {label: [] for label in codes}
+    for _ in range(repeat):
+        for label, code in codes.items():
+            runs[label].append(run(code))
+    rows = []
+    for label, done in runs.items():
+        r = medians(done)
+        # (the spread of the per-run ratios: on a shared machine one run's match can take 30% longer than another's)
+        ratios = [x["timing_over_match"] for x in done]
+        r["timing_over_match_range"] = (min(ratios), max(ratios))
+        r["size"] = f"{ranks:,} x {entries:,}" + (f" ({label})" if label else "")
+        r["correct"] = r["culprits"] == truth["ranks"]
+        rows.append(r)
+    return rows
+
+
+@contextmanager
+def checkout(rev: str):
+    """A temporary worktree of this repository at `rev`, with this checkout's compiled reader copied in (built
+    for the same source it loads; else the two ingests would differ by numba's start), removed after."""
+    folder = Path(tempfile.mkdtemp(prefix="flightrec-against-"))
+    tree = folder / "tree"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True)
+    try:
+        built = sorted((ROOT / "flightrec" / "__pycache__").glob("_flightrec_tape_*"))
+        if built:
+            (tree / "flightrec" / "__pycache__").mkdir(exist_ok=True)
+            for path in built:
+                shutil.copy2(path, tree / "flightrec" / "__pycache__" / path.name)
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def table(rows: list[dict]) -> str:
@@ -71,11 +118,17 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="4096x200,16384x200")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--against", metavar="REV", help="also measure the code at this git revision, runs in turn")
     args = ap.parse_args(argv)
-    rows = [measure(r, e, args.repeat) for r, e in parse_sizes(args.sizes)]
+    if args.against:
+        with checkout(args.against) as tree:
+            rows = [row for r, e in parse_sizes(args.sizes) for row in measure(r, e, args.repeat, {args.against: tree})]
+    else:
+        rows = [row for r, e in parse_sizes(args.sizes) for row in measure(r, e, args.repeat)]
     print(table(rows))
-    print(f"(median of {args.repeat} runs; each run is a fresh process)")
-    print(rows[-1]["summary"])
+    print(f"(median of {args.repeat} runs; each run is a fresh process" + (", the checkouts' in turn)" if args.against
+                                                                            else ")"))
+    print(rows[0]["summary"])
 
 
 if __name__ == "__main__":
