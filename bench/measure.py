@@ -80,14 +80,19 @@ def run_argv(argv: list[str], timeout: float = 3600, parse: bool = True) -> dict
     return result
 
 
-def medians_alternated(codes: list[str], repeat: int) -> list[dict]:
-    """`median_of` for each of `codes`, their runs taken in turn (A B A B ...): on a shared, noisy machine a
-    side-by-side then sees the same noise."""
-    runs = [[] for _ in codes]
+def runs_alternated(codes: list[str], repeat: int) -> list[list[dict]]:
+    """`repeat` runs of each of `codes`, taken in turn (A B A B ...): on a shared, noisy machine a side-by-side
+    then sees the same noise."""
+    runs: list[list[dict]] = [[] for _ in codes]
     for _ in range(repeat):
         for i, code in enumerate(codes):
             runs[i].append(run(code))
-    return [medians(r) for r in runs]
+    return runs
+
+
+def medians_alternated(codes: list[str], repeat: int) -> list[dict]:
+    """`median_of` for each of `codes`, their runs taken in turn (`runs_alternated`)."""
+    return [medians(r) for r in runs_alternated(codes, repeat)]
 
 
 def medians(runs: list[dict]) -> dict:

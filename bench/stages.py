@@ -16,12 +16,12 @@ import argparse
 import shutil
 import subprocess
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from .data import dataset
 from .ingest import parse_sizes
-from .measure import gib, medians, run
+from .measure import gib, medians, runs_alternated
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,12 +68,8 @@ def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | Non
     d, truth = dataset(ranks, entries)
     codes = {"": STAGES.format(d=str(d))} | {label: FROM_CHECKOUT.format(root=str(root)) + STAGES.format(d=str(d))
                                               for label, root in (others or {}).items()}
-    runs: dict[str, list[dict]] = {label: [] for label in codes}
-    for _ in range(repeat):
-        for label, code in codes.items():
-            runs[label].append(run(code))
     rows = []
-    for label, done in runs.items():
+    for label, done in zip(codes, runs_alternated(list(codes.values()), repeat)):
         r = medians(done)
         # (the spread of the per-run ratios: on a shared machine one run's match can take 30% longer than another's)
         ratios = [x["timing_over_match"] for x in done]
@@ -120,11 +116,9 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--against", metavar="REV", help="also measure the code at this git revision, runs in turn")
     args = ap.parse_args(argv)
-    if args.against:
-        with checkout(args.against) as tree:
-            rows = [row for r, e in parse_sizes(args.sizes) for row in measure(r, e, args.repeat, {args.against: tree})]
-    else:
-        rows = [row for r, e in parse_sizes(args.sizes) for row in measure(r, e, args.repeat)]
+    with checkout(args.against) if args.against else nullcontext() as tree:
+        others = {args.against: tree} if args.against else {}
+        rows = [row for r, e in parse_sizes(args.sizes) for row in measure(r, e, args.repeat, others)]
     print(table(rows))
     print(f"(median of {args.repeat} runs; each run is a fresh process" + (", the checkouts' in turn)" if args.against
                                                                             else ")"))
