@@ -437,8 +437,9 @@ def _analyze_window(units: pl.DataFrame, host_ids: pl.DataFrame, groups: pl.Data
     by_host = clock_offsets(units, host_ids.height)
     offsets = (host_ids.with_columns(by_host.gather(host_ids["_h"]).alias("clock_offset_ms"))
                .filter(pl.col("clock_offset_ms").is_not_null()).select("host", "clock_offset_ms").sort("host"))
-    late = lateness(units, by_host) if shifts(by_host) else as_enqueued()
-    per_rank, per_host, threshold = stragglers(late, host_ids, opts, skewed=(offsets["clock_offset_ms"] != 0).any())
+    shifted = shifts(by_host)
+    late = lateness(units, by_host) if shifted else as_enqueued()
+    per_rank, per_host, threshold = stragglers(late, host_ids, opts, skewed=shifted)
     clocks_known = offsets.height == host_ids.height
     ahead: dict[Suspect, float] = {}
     clock_evidence = "next entries"
