@@ -1,10 +1,14 @@
 """Stage timings (issues 3, 4, 8): ingest, matching, wait-for graph + root cause, timing, in one process.
 
-    python -m bench.stages [--sizes 4096x200,16384x200] [--repeat 3] [--against REV]
+    python -m bench.stages [--sizes 4096x200,16384x200] [--repeat 3] [--rounds 3] [--against REV]
 
 --against REV also runs the stages on the code at git revision REV (a temporary worktree reading the same
 data, with the compiled reader copied in), the two checkouts' fresh processes taken in turn: a change's
 before and after under the same noise.
+
+Timing is measured twice: alone, as a stage after matching (`timing / match`), and as `analyze` runs it, on a
+second thread beside the wait analysis (`api.waits_and_timing`): what it adds there is the two together minus
+the waits alone, in --rounds warm rounds per run, in turn (`timing added beside the waits / match`).
 
 Targets: matching adds <= 25% to ingest; the wait-for analysis adds <= 2 s to matching at 16,384 ranks;
 timing adds <= 20% to matching.
@@ -57,16 +61,39 @@ verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing)
 out["waits_and_root_cause"] = time.perf_counter() - t
 out["s"] = sum(v for v in out.values())
 out["timing_over_match"] = out["timing"] / out["match"]   # per run: the median of ratios, not a ratio of medians
+# What timing adds to analyze, which runs it beside the waits (api.waits_and_timing): the waits alone and the
+# two together, warm, in turn ({rounds} rounds, the order swapped each round), each against a match of its round.
+try:
+    from flightrec.api import waits_and_timing
+except ImportError:   # (a revision before it, for --against: analyze ran them one after the other)
+    def waits_and_timing(trace, m, topo):
+        w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
+        return w, locate(m, topo, exclude=set(w.waiting)), analyze_timing(m, trace.groups, topo, entries=trace.entries)
+added = []
+for i in range({rounds}):
+    t = time.perf_counter(); m = run_match(trace); match_s = time.perf_counter() - t
+    took = {{}}
+    for what in (("alone", "beside") if i % 2 == 0 else ("beside", "alone")):
+        t = time.perf_counter()
+        if what == "alone":
+            w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks); locate(m, topo, exclude=set(w.waiting))
+        else:
+            waits_and_timing(trace, m, topo)
+        took[what] = time.perf_counter() - t
+    added.append((took["beside"] - took["alone"]) / match_s)
+out["timing_added_over_match"] = sorted(added)[len(added) // 2]
 out["summary"] = summary
 out["culprits"] = sorted({{r for f in findings if f.role == "root_cause" for r in f.ranks}})
 print(json.dumps(out))
 """
 
 
-def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | None = None) -> list[dict]:
+def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | None = None,
+            rounds: int = 3) -> list[dict]:
     """A row for this checkout, and one per other checkout in `others` (label -> its root), runs in turn."""
     d, truth = dataset(ranks, entries)
-    codes = {"": STAGES.format(d=str(d))} | {label: FROM_CHECKOUT.format(root=str(root)) + STAGES.format(d=str(d))
+    codes = {"": STAGES.format(d=str(d), rounds=rounds)} | {label: FROM_CHECKOUT.format(root=str(root))
+                                                         + STAGES.format(d=str(d), rounds=rounds)
                                               for label, root in (others or {}).items()}
     rows = []
     for label, done in zip(codes, runs_alternated(list(codes.values()), repeat)):
@@ -74,6 +101,8 @@ def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | Non
         # (the spread of the per-run ratios: on a shared machine one run's match can take 30% longer than another's)
         ratios = [x["timing_over_match"] for x in done]
         r["timing_over_match_range"] = (min(ratios), max(ratios))
+        added = [x["timing_added_over_match"] for x in done]
+        r["timing_added_range"] = (min(added), max(added))
         r["size"] = f"{ranks:,} x {entries:,}" + (f" ({label})" if label else "")
         r["correct"] = r["culprits"] == truth["ranks"]
         rows.append(r)
@@ -100,12 +129,13 @@ def checkout(rev: str):
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| size | ingest | match | match / ingest | waits + root cause | timing | timing / match (median of per-run ratios; their range) | peak RSS | culprit right |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| size | ingest | match | match / ingest | waits + root cause | timing | timing / match (median of per-run ratios; their range) | timing added beside the waits / match | peak RSS | culprit right |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['size']} | {r['ingest']:.2f} s | {r['match']:.2f} s | {r['match'] / r['ingest']:.0%} | "
                      f"{r['waits_and_root_cause']:.2f} s | {r['timing']:.2f} s | {r['timing_over_match']:.0%} "
                      f"({r['timing_over_match_range'][0]:.0%}-{r['timing_over_match_range'][1]:.0%}) | "
+                     f"{r['timing_added_over_match']:.0%} ({r['timing_added_range'][0]:.0%}-{r['timing_added_range'][1]:.0%}) | "
                      f"{gib(r['peak_rss'])} | {'yes' if r['correct'] else 'NO'} |")
     return "\n".join(lines)
 
@@ -115,10 +145,12 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", default="4096x200,16384x200")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--against", metavar="REV", help="also measure the code at this git revision, runs in turn")
+    ap.add_argument("--rounds", type=int, default=3, help="warm rounds per run measuring what timing adds beside "
+                    "the waits")
     args = ap.parse_args(argv)
     with checkout(args.against) if args.against else nullcontext() as tree:
         others = {args.against: tree} if args.against else {}
-        rows = [row for r, e in parse_sizes(args.sizes) for row in measure(r, e, args.repeat, others)]
+        rows = [row for r, e in parse_sizes(args.sizes) for row in measure(r, e, args.repeat, others, args.rounds)]
     print(table(rows))
     print(f"(median of {args.repeat} runs; each run is a fresh process" + (", the checkouts' in turn)" if args.against
                                                                             else ")"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -11,14 +12,14 @@ import polars as pl
 
 from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
-from .locate import locate
+from .locate import Location, locate
 from .match import Matching, match, written_only_active
 from .report import DumpSummary, Report
 from .rootcause import diagnose
-from .timing import TimingOptions, analyze_timing
+from .timing import TimingOptions, TimingResult, analyze_timing
 from .timing import findings as timing_to_findings
-from .topology import resolve
-from .waits import build_waits
+from .topology import Topology, resolve
+from .waits import Waits, build_waits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +55,19 @@ def run_match(trace: Trace, pg: str | None = None) -> Matching:
         entries = entries.join(groups.select("group"), on="group", how="semi")
         members = members.join(groups.select("group"), on="group", how="semi")
     return match(entries, groups, members, trace.dumps, trace.pg_status)
+
+
+def waits_and_timing(trace: Trace, m: Matching, topo: Topology,
+                     timing_options: TimingOptions | None = None) -> tuple[Waits, Location | None, TimingResult]:
+    """Who waits for whom (`build_waits`, then `locate`) and the timing analysis, which needs only the
+    matching: it runs on a second thread meanwhile. The wait analysis keeps about one of two cores busy
+    (much of it is Python), and timing's Polars work fills the other: at 16,384 ranks it then adds about
+    two thirds of what it costs alone to the analysis (`python -m bench.stages`)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        timing = pool.submit(analyze_timing, m, trace.groups, topo, timing_options, entries=trace.entries)
+        w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
+        loc = locate(m, topo, exclude=set(w.waiting))
+        return w, loc, timing.result()
 
 
 def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kwargs) -> Report:
@@ -95,11 +109,8 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
                    ranks_per_host=options.ranks_per_host, topology_file=options.topology_file)
     stage("matching collectives")
     m = run_match(trace, options.pg)
-    stage("following waits")
-    w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
-    loc = locate(m, topo, exclude=set(w.waiting))
-    stage("reading timestamps")
-    timing = analyze_timing(m, trace.groups, topo, options.timing, entries=trace.entries)
+    stage("following waits and reading timestamps")
+    w, loc, timing = waits_and_timing(trace, m, topo, options.timing)
     verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing, options.timing)
     timing_findings = timing_to_findings(timing, trace.groups, topo)
     # (the caveats that hold whatever else is found come after what was found)

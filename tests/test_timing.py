@@ -733,3 +733,28 @@ def test_an_error_on_timings_second_thread_reaches_the_caller(monkeypatch):
     with pytest.raises(RuntimeError, match="group speeds broke"):
         analyze_timing(m, trace.groups, resolve(world_size=trace.world_size, from_dumps=trace.hosts),
                        entries=trace.entries)
+
+
+def test_analyze_reads_timestamps_beside_the_waits_with_the_same_result_and_errors(monkeypatch):
+    """analyze runs the timing analysis on a second thread while it follows the waits: on the straggler fixture
+    the result is what each gives alone, and a failure in either one reaches the caller."""
+    from flightrec.api import waits_and_timing
+    from flightrec.locate import locate
+    from flightrec.waits import build_waits
+
+    trace = load(FIXTURES / "straggler")
+    m = run_match(trace)
+    topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts)
+    w, loc, timing = waits_and_timing(trace, m, topo)
+    alone = analyze_timing(m, trace.groups, topo, entries=trace.entries)
+    assert timing.per_rank.filter(pl.col("straggler"))["rank"].to_list() == [2]
+    assert timing.per_rank.equals(alone.per_rank) and timing.lateness.equals(alone.lateness)
+    waits_alone = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
+    assert w.waiting == waits_alone.waiting and loc == locate(m, topo, exclude=set(waits_alone.waiting))
+
+    def broken(*_, **__):
+        raise RuntimeError("timing broke")
+
+    monkeypatch.setattr("flightrec.api.analyze_timing", broken)
+    with pytest.raises(RuntimeError, match="timing broke"):
+        analyze(FIXTURES / "straggler", use_cache=False)
