@@ -272,9 +272,11 @@ def _threshold(late_ms: pl.Series, opts: TimingOptions) -> float:
     return max(opts.min_late_ms, med + scale * mad)
 
 
-def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions) -> pl.DataFrame:
+def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions,
+                 block_groups: pl.Series) -> pl.DataFrame:
     """Per group and op: median time, the peers' baseline, and `slow` when `slow_factor` x longer than the same
-    op and shapes in peer groups. Groups without peers are not judged."""
+    op and shapes in peer groups. Groups without peers are not judged. `block_groups`: the group (or its
+    categorical's id) of each block of `opts.window` slots (`_window`): a collective's is its slot's block's."""
     # The collective's own time (waiting is not slowness): its shortest member's, the last to arrive, which
     # waited for no one. With NCCL timing on, `duration_ms` (GPU events around the kernel). Without, from
     # enqueue to completion on the member's own clock (no offsets to remove), as its watchdog saw it, up to a
@@ -284,12 +286,14 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions)
     own_time = (units["duration_ms"] if timed else units.select(
         ((pl.col("time_completed_ns") - pl.col("time_created_ns")) / 1e6).alias("duration_ms")).to_series())
     min_slow_ms = opts.min_slow_ms if timed else max(opts.min_slow_ms, WATCHDOG_POLL_MS)
-    # Per collective (dense slot), read by position, not hashed: its group, op and shapes (one member's: they
-    # agree where it matched) and its shortest member's time. (numpy over the columns' buffers: about half the
-    # CPU of a group_by on 850K rows, which matters as this runs beside the clock offsets, `analyze_timing`.)
+    # Per collective (dense slot), read by position, not hashed: its op and shapes (one member's: they agree
+    # where it matched) and its shortest member's time. (numpy over the columns' buffers: about half the CPU of
+    # a group_by on 850K rows, which matters as this runs beside the clock offsets, `analyze_timing`.) Its group
+    # is its block's: no pass over the rows.
     slot = units["_slot"]
     size = int(slot.max() or 0) + 1
-    per_inst = pl.DataFrame([lookup.any_by_position(units["group"], slot, size).alias("_g"),
+    block = pl.int_range(0, size, dtype=pl.UInt32, eager=True) // opts.window
+    per_inst = pl.DataFrame([block_groups.to_physical().gather(block).alias("_g"),
                              lookup.any_by_position(units["op"], slot, size).alias("_op"),
                              lookup.any_by_position(units["input_sizes"], slot, size).alias("_shape"),
                              lookup.reduce_by_position(own_time, slot, size, "min").cast(pl.Float64).alias("ms")]
@@ -356,7 +360,7 @@ def late_joiners(late: pl.DataFrame, stuck: pl.DataFrame, opts: TimingOptions) -
 
 
 def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
-            opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame]:
+            opts: TimingOptions) -> tuple[pl.DataFrame, pl.DataFrame, pl.Series]:
     """What timing reads, of each multi-member group's last `window` collectives below its frontier (the
     furthest any member got: from the small progress table, not from the units), in the units' (rank, record)
     order. Each row also gets the dense host index `_h`, `cross` (its group spans hosts) and `_slot`
@@ -364,7 +368,9 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
     is reduced into a small table by position, no hashing). Per-group and per-rank values are read by position
     (group id, rank) from small dense tables, not joined: a join over the 1.5M units at 16K ranks costs 2.5x as
     much; tables sized to every key in the units are read without range checks (4x cheaper). Host names are
-    left out (a categorical read costs as much again): returns the dense host index (_h, host) to name them."""
+    left out (a categorical read costs as much again): returns the dense host index (_h, host) to name them,
+    and the group (the id of its categorical) of each block of `window` slots: block j holds slots j x window
+    to (j + 1) x window - 1."""
     units = m.units
     host_ids = hosts.select("host").unique(maintain_order=True).with_row_index("_h")
     # (the units' bounds in one pass over them)
@@ -404,7 +410,7 @@ def _window(m: Matching, groups: pl.DataFrame, hosts: pl.DataFrame,
                           host_index.alias("_h"),
                           (lookup.read(by_group, "_base", gid, in_range=checked)
                            - pl.col("collective_seq_id")).cast(pl.UInt32).alias("_slot"))
-            .collect(engine="streaming")), host_ids
+            .collect(engine="streaming")), host_ids, top["_g"]
 
 
 def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: TimingOptions | None = None,
@@ -413,19 +419,19 @@ def analyze_timing(m: Matching, groups: pl.DataFrame, topo: Topology, opts: Timi
     trace's): their sends and receives tell a late rank or host from the pipeline neighbours that wait on it;
     without them, every late one is reported."""
     opts = opts or TimingOptions()
-    units, host_ids = _window(m, groups, topo.frame(), opts)
+    units, host_ids, block_groups = _window(m, groups, topo.frame(), opts)
     # While the clock offsets are estimated, a second thread works out what needs none: first the lateness as
     # enqueued (the lateness, when no host's clock is off: the usual case), then the slow groups. Polars releases
     # the GIL while it works and keeps both cores busy in only part of what follows (~1.5 of 2 at 16K ranks).
     with ThreadPoolExecutor(max_workers=1) as pool:
         as_enqueued = pool.submit(lateness, units, None)
-        slow = pool.submit(_slow_groups, units, groups, host_ids, topo, opts)
+        slow = pool.submit(_slow_groups, units, groups, host_ids, block_groups, topo, opts)
         return _analyze_window(units, host_ids, groups, topo, opts, entries, as_enqueued.result, slow.result)
 
 
-def _slow_groups(units: pl.DataFrame, groups: pl.DataFrame, host_ids: pl.DataFrame, topo: Topology,
-                 opts: TimingOptions) -> tuple[pl.DataFrame, list[str], list[list[str]]]:
-    speeds = group_speeds(units, groups, opts)
+def _slow_groups(units: pl.DataFrame, groups: pl.DataFrame, host_ids: pl.DataFrame, block_groups: pl.Series,
+                 topo: Topology, opts: TimingOptions) -> tuple[pl.DataFrame, list[str], list[list[str]]]:
+    speeds = group_speeds(units, groups, opts, block_groups)
     return speeds, *_localize(speeds, units, host_ids, topo)
 
 

@@ -299,20 +299,23 @@ def test_slow_groups_are_judged_on_gpu_durations_when_timed():
     the watchdog-stamped span: here the spans say group b is slow (a late poll), the durations say group c."""
     from flightrec.timing import group_speeds
 
-    rows = []
-    for g, span_ms, dur_ms in [("a", 10, 10.0), ("b", 110, 10.0), ("c", 10, 160.0), ("d", 10, 10.0)]:
-        for seq in range(6):
+    rows, opts = [], TimingOptions(window=8)
+    for block, (g, span_ms, dur_ms) in enumerate([("a", 10, 10.0), ("b", 110, 10.0), ("c", 10, 160.0),
+                                                  ("d", 10, 10.0)]):
+        for seq in range(6):   # (as `_window` lays them out: a group's collectives in one block of slots)
             for rank in range(2):
                 t0 = seq * 10**9
-                rows.append({"_slot": len(rows) // 2, "group": g, "op": "all_reduce", "input_sizes": "[[8]]",
-                             "time_created_ns": t0, "time_completed_ns": t0 + span_ms * 10**6, "duration_ms": dur_ms})
+                rows.append({"_slot": block * opts.window + seq, "group": g, "op": "all_reduce",
+                             "input_sizes": "[[8]]", "time_created_ns": t0, "time_completed_ns": t0 + span_ms * 10**6,
+                             "duration_ms": dur_ms})
     units = pl.DataFrame(rows).with_columns(pl.col("group", "input_sizes").cast(pl.Categorical), pl.col("op").cast(Op),
                                             pl.col("duration_ms").cast(pl.Float32), pl.col("_slot").cast(pl.UInt32))
     groups = pl.DataFrame({"group": ["a", "b", "c", "d"], "pg_desc": ["dp"] * 4}).with_columns(
         pl.col("group").cast(pl.Categorical))
-    timed = group_speeds(units, groups, TimingOptions())
+    timed = group_speeds(units, groups, opts, groups["group"])
     assert timed.filter(pl.col("slow"))["group"].cast(pl.String).to_list() == ["c"]
-    untimed = group_speeds(units.with_columns(pl.lit(None, pl.Float32).alias("duration_ms")), groups, TimingOptions())
+    untimed = group_speeds(units.with_columns(pl.lit(None, pl.Float32).alias("duration_ms")), groups, opts,
+                           groups["group"])
     assert untimed.filter(pl.col("slow"))["group"].cast(pl.String).to_list() == ["b"]
 
 
@@ -549,7 +552,7 @@ def test_window_reads_hosts_and_groups_by_position_like_a_join(make_job):
     m = run_match(trace)
     topo = Topology({0: "a", 1: "a", 2: "b", 3: "b", 5: "c"})   # ranks 4, 6, 7: unknown host
     opts = TimingOptions(window=8)
-    units, host_ids = _window(m, trace.groups, topo.frame(), opts)
+    units, host_ids, block_groups = _window(m, trace.groups, topo.frame(), opts)
 
     hosts = topo.frame()
     top = m.progress.group_by("group").agg(pl.col("frontier").max().alias("_top"))
@@ -566,8 +569,11 @@ def test_window_reads_hosts_and_groups_by_position_like_a_join(make_job):
         pl.col("rank").is_in([4, 6, 7])).height > 0
     assert units["rank"].is_sorted()   # the units' rank order is kept: per-rank statistics rely on it
     assert sorted(host_ids["host"].to_list()) == ["a", "b", "c"]
-    # the window is each group's last 8 collectives
+    # the window is each group's last 8 collectives, each group's in a block of 8 slots, a slot per collective
     assert units.group_by("group").agg(pl.col("collective_seq_id").n_unique())["collective_seq_id"].max() == 8
+    assert units["group"].to_physical().equals(block_groups.gather(units["_slot"] // opts.window), check_names=False)
+    per_slot = units.group_by("_slot").agg(pl.col("group", "collective_seq_id").n_unique())
+    assert per_slot["group"].max() == per_slot["collective_seq_id"].max() == 1
 
 
 def test_clock_offsets_go_on_past_a_small_first_round():
@@ -618,7 +624,7 @@ def test_window_flags_rank_and_host_order_only_where_it_holds(make_job, placemen
     sorted (flags, not checked again): flagged exactly when true."""
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=40, ranks_per_host=4))
     trace = load(out)
-    units, _ = _window(run_match(trace), trace.groups, Topology(placement).frame(), TimingOptions(window=8))
+    units, _, _ = _window(run_match(trace), trace.groups, Topology(placement).frame(), TimingOptions(window=8))
     ranks, hosts = units["rank"].to_numpy(), units["_h"].to_numpy()
     assert units["rank"].flags["SORTED_ASC"] and (np.diff(ranks) >= 0).all()
     assert units["_h"].flags["SORTED_ASC"] is host_sorted
