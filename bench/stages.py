@@ -6,9 +6,10 @@
 data, with the compiled reader copied in), the two checkouts' fresh processes taken in turn: a change's
 before and after under the same noise.
 
-Timing is measured twice: alone, as a stage after matching (`timing / match`), and as `analyze` runs it, on a
-second thread beside the wait analysis (`api.waits_and_timing`): what it adds there is the two together minus
-the waits alone, in --rounds warm rounds per run, in turn (`timing added beside the waits / match`).
+Timing is measured alone, as a stage after matching (`timing / match`), and as `analyze` runs it, on a second
+thread beside the wait analysis (`api.waits_and_timing`), where what it adds is the two together minus the waits
+alone: in --rounds warm rounds per run, in turn, and the first time in a process (runs of another kind, reading
+the dumps from the cache, the waits alone and with timing beside them in turn: the difference of their medians).
 
 Targets: matching adds <= 25% to ingest; the wait-for analysis adds <= 2 s to matching at 16,384 ranks;
 timing adds <= 20% to matching.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import subprocess
 import tempfile
 from contextlib import contextmanager, nullcontext
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from .data import dataset
 from .ingest import parse_sizes
-from .measure import gib, medians, runs_alternated
+from .measure import gib, medians, run, runs_alternated
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,12 +65,7 @@ out["s"] = sum(v for v in out.values())
 out["timing_over_match"] = out["timing"] / out["match"]   # per run: the median of ratios, not a ratio of medians
 # What timing adds to analyze, which runs it beside the waits (api.waits_and_timing): the waits alone and the
 # two together, warm, in turn ({rounds} rounds, the order swapped each round), each against a match of its round.
-try:
-    from flightrec.api import waits_and_timing
-except ImportError:   # (a revision before it, for --against: analyze ran them one after the other)
-    def waits_and_timing(trace, m, topo):
-        w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
-        return w, locate(m, topo, exclude=set(w.waiting)), analyze_timing(m, trace.groups, topo, entries=trace.entries)
+{waits_and_timing}
 added = []
 for i in range({rounds}):
     t = time.perf_counter(); m = run_match(trace); match_s = time.perf_counter() - t
@@ -87,17 +84,61 @@ out["culprits"] = sorted({{r for f in findings if f.role == "root_cause" for r i
 print(json.dumps(out))
 """
 
+# analyze's waits and timing as it runs them (a revision before `api.waits_and_timing`, for --against: one after
+# the other, as its analyze did)
+WAITS_AND_TIMING = """
+try:
+    from flightrec.api import waits_and_timing
+except ImportError:
+    def waits_and_timing(trace, m, topo):
+        w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
+        return w, locate(m, topo, exclude=set(w.waiting)), analyze_timing(m, trace.groups, topo, entries=trace.entries)
+"""
+
+# The same, in a fresh process, the first time: (the dumps read from the cache) matching, then the waits alone
+# (`beside` False) or with timing beside them. What timing adds is the difference of the two kinds of runs, each
+# against its run's match.
+FIRST_TIME = """
+import json, time, warnings
+warnings.simplefilter("ignore")
+import flightrec
+from flightrec.api import run_match
+from flightrec.waits import build_waits
+from flightrec.locate import locate
+from flightrec.timing import analyze_timing
+from flightrec.topology import resolve
+{waits_and_timing}
+trace = flightrec.load({d!r})
+topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, ranks_per_host=8)
+t = time.perf_counter(); m = run_match(trace); match_s = time.perf_counter() - t
+t = time.perf_counter()
+if {beside}:
+    waits_and_timing(trace, m, topo)
+else:
+    w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks); locate(m, topo, exclude=set(w.waiting))
+took = time.perf_counter() - t
+print(json.dumps({{"s": took, "over_match": took / match_s}}))
+"""
+
 
 def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | None = None,
             rounds: int = 3) -> list[dict]:
     """A row for this checkout, and one per other checkout in `others` (label -> its root), runs in turn."""
     d, truth = dataset(ranks, entries)
-    codes = {"": STAGES.format(d=str(d), rounds=rounds)} | {label: FROM_CHECKOUT.format(root=str(root))
-                                                         + STAGES.format(d=str(d), rounds=rounds)
-                                              for label, root in (others or {}).items()}
+    heads = {"": ""} | {label: FROM_CHECKOUT.format(root=str(root)) for label, root in (others or {}).items()}
+    codes = {label: head + STAGES.format(d=str(d), rounds=rounds, waits_and_timing=WAITS_AND_TIMING)
+             for label, head in heads.items()}
+    firsts = [head + FIRST_TIME.format(d=str(d), beside=beside, waits_and_timing=WAITS_AND_TIMING)
+              for head in heads.values() for beside in (False, True)]
+    runs = runs_alternated(list(codes.values()), repeat)
+    # (the first-time runs read the dumps from the cache: written here, once)
+    run(f"import flightrec; flightrec.load({str(d)!r}); print('{{\"s\": 0}}')")
+    first = runs_alternated(firsts, repeat)
     rows = []
-    for label, done in zip(codes, runs_alternated(list(codes.values()), repeat)):
+    for i, (label, done) in enumerate(zip(codes, runs)):
         r = medians(done)
+        alone, beside = (statistics.median(x["over_match"] for x in first[2 * i + k]) for k in (0, 1))
+        r["timing_added_first_time"] = beside - alone
         # (the spread of the per-run ratios: on a shared machine one run's match can take 30% longer than another's)
         ratios = [x["timing_over_match"] for x in done]
         r["timing_over_match_range"] = (min(ratios), max(ratios))
@@ -129,13 +170,14 @@ def checkout(rev: str):
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| size | ingest | match | match / ingest | waits + root cause | timing | timing / match (median of per-run ratios; their range) | timing added beside the waits / match | peak RSS | culprit right |",
+    lines = ["| size | ingest | match | match / ingest | waits + root cause | timing | timing / match (median of per-run ratios; their range) | timing added beside the waits / match: warm rounds (range); first time | peak RSS | culprit right |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['size']} | {r['ingest']:.2f} s | {r['match']:.2f} s | {r['match'] / r['ingest']:.0%} | "
                      f"{r['waits_and_root_cause']:.2f} s | {r['timing']:.2f} s | {r['timing_over_match']:.0%} "
                      f"({r['timing_over_match_range'][0]:.0%}-{r['timing_over_match_range'][1]:.0%}) | "
-                     f"{r['timing_added_over_match']:.0%} ({r['timing_added_range'][0]:.0%}-{r['timing_added_range'][1]:.0%}) | "
+                     f"{r['timing_added_over_match']:.0%} ({r['timing_added_range'][0]:.0%}-{r['timing_added_range'][1]:.0%}); "
+                     f"{r['timing_added_first_time']:.0%} | "
                      f"{gib(r['peak_rss'])} | {'yes' if r['correct'] else 'NO'} |")
     return "\n".join(lines)
 
