@@ -7,9 +7,10 @@ data, with the compiled reader copied in), the two checkouts' fresh processes ta
 before and after under the same noise.
 
 Timing is measured alone, as a stage after matching (`timing / match`), and as `analyze` runs it, on a second
-thread beside the wait analysis (`api.waits_and_timing`), where what it adds is the two together minus the waits
-alone: in --rounds warm rounds per run, in turn, and the first time in a process (runs of another kind, reading
-the dumps from the cache, the waits alone and with timing beside them in turn: the difference of their medians).
+thread beside the wait analysis and the diagnosis (`api.diagnose_matched`), where what it adds is the whole minus
+the waits and diagnosis without timing: in --rounds warm rounds per run, in turn, and the first time in a
+process (runs of another kind, reading the dumps from the cache, without and with timing in turn: the difference
+of their medians).
 
 Targets: matching adds <= 25% to ingest; the wait-for analysis adds <= 2 s to matching at 16,384 ranks;
 timing adds <= 20% to matching.
@@ -63,9 +64,10 @@ verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing)
 out["waits_and_root_cause"] = time.perf_counter() - t
 out["s"] = sum(v for v in out.values())
 out["timing_over_match"] = out["timing"] / out["match"]   # per run: the median of ratios, not a ratio of medians
-# What timing adds to analyze, which runs it beside the waits (api.waits_and_timing): the waits alone and the
-# two together, warm, in turn ({rounds} rounds, the order swapped each round), each against a match of its round.
-{waits_and_timing}
+# What timing adds to analyze, which runs it beside the waits and the diagnosis (api.diagnose_matched): those
+# without timing and the whole, warm, in turn ({rounds} rounds, the order swapped each round), each against a
+# match of its round.
+{diagnose_matched}
 added = []
 for i in range({rounds}):
     t = time.perf_counter(); m = run_match(trace); match_s = time.perf_counter() - t
@@ -73,9 +75,9 @@ for i in range({rounds}):
     for what in (("alone", "beside") if i % 2 == 0 else ("beside", "alone")):
         t = time.perf_counter()
         if what == "alone":
-            w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks); locate(m, topo, exclude=set(w.waiting))
+            without_timing(trace, m, topo)
         else:
-            waits_and_timing(trace, m, topo)
+            diagnose_matched(trace, m, topo)
         took[what] = time.perf_counter() - t
     added.append((took["beside"] - took["alone"]) / match_s)
 out["timing_added_over_match"] = sorted(added)[len(added) // 2]
@@ -84,19 +86,26 @@ out["culprits"] = sorted({{r for f in findings if f.role == "root_cause" for r i
 print(json.dumps(out))
 """
 
-# analyze's waits and timing as it runs them (a revision before `api.waits_and_timing`, for --against: one after
-# the other, as its analyze did)
-WAITS_AND_TIMING = """
+# What analyze does after matching, as it does it; and without timing. (A revision before
+# `api.diagnose_matched`, for --against: one after the other, as its analyze did.)
+DIAGNOSE_MATCHED = """
+from flightrec.rootcause import diagnose
+from flightrec.timing import findings as timing_findings
 try:
-    from flightrec.api import waits_and_timing
+    from flightrec.api import diagnose_matched
 except ImportError:
-    def waits_and_timing(trace, m, topo):
+    def diagnose_matched(trace, m, topo):
         w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
-        return w, locate(m, topo, exclude=set(w.waiting)), analyze_timing(m, trace.groups, topo, entries=trace.entries)
+        loc = locate(m, topo, exclude=set(w.waiting))
+        timing = analyze_timing(m, trace.groups, topo, entries=trace.entries)
+        return diagnose(trace, m, w, loc, topo, timing), timing_findings(timing, trace.groups, topo)
+def without_timing(trace, m, topo):
+    w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
+    return diagnose(trace, m, w, locate(m, topo, exclude=set(w.waiting)), topo)
 """
 
-# The same, in a fresh process, the first time: (the dumps read from the cache) matching, then the waits alone
-# (`beside` False) or with timing beside them. What timing adds is the difference of the two kinds of runs, each
+# The same, in a fresh process, the first time: (the dumps read from the cache) matching, then what follows it
+# without timing (`beside` False) or with. What timing adds is the difference of the two kinds of runs, each
 # against its run's match.
 FIRST_TIME = """
 import json, time, warnings
@@ -107,15 +116,15 @@ from flightrec.waits import build_waits
 from flightrec.locate import locate
 from flightrec.timing import analyze_timing
 from flightrec.topology import resolve
-{waits_and_timing}
+{diagnose_matched}
 trace = flightrec.load({d!r})
 topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, ranks_per_host=8)
 t = time.perf_counter(); m = run_match(trace); match_s = time.perf_counter() - t
 t = time.perf_counter()
 if {beside}:
-    waits_and_timing(trace, m, topo)
+    diagnose_matched(trace, m, topo)
 else:
-    w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks); locate(m, topo, exclude=set(w.waiting))
+    without_timing(trace, m, topo)
 took = time.perf_counter() - t
 print(json.dumps({{"s": took, "over_match": took / match_s}}))
 """
@@ -126,9 +135,9 @@ def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | Non
     """A row for this checkout, and one per other checkout in `others` (label -> its root), runs in turn."""
     d, truth = dataset(ranks, entries)
     heads = {"": ""} | {label: FROM_CHECKOUT.format(root=str(root)) for label, root in (others or {}).items()}
-    codes = {label: head + STAGES.format(d=str(d), rounds=rounds, waits_and_timing=WAITS_AND_TIMING)
+    codes = {label: head + STAGES.format(d=str(d), rounds=rounds, diagnose_matched=DIAGNOSE_MATCHED)
              for label, head in heads.items()}
-    firsts = [head + FIRST_TIME.format(d=str(d), beside=beside, waits_and_timing=WAITS_AND_TIMING)
+    firsts = [head + FIRST_TIME.format(d=str(d), beside=beside, diagnose_matched=DIAGNOSE_MATCHED)
               for head in heads.values() for beside in (False, True)]
     runs = runs_alternated(list(codes.values()), repeat)
     # (the first-time runs read the dumps from the cache: written here, once)
@@ -170,7 +179,7 @@ def checkout(rev: str):
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| size | ingest | match | match / ingest | waits + root cause | timing | timing / match (median of per-run ratios; their range) | timing added beside the waits / match: warm rounds (range); first time | peak RSS | culprit right |",
+    lines = ["| size | ingest | match | match / ingest | waits + root cause | timing | timing / match (median of per-run ratios; their range) | timing added beside the waits and diagnosis / match: warm rounds (range); first time | peak RSS | culprit right |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['size']} | {r['ingest']:.2f} s | {r['match']:.2f} s | {r['match'] / r['ingest']:.0%} | "

@@ -6,7 +6,7 @@ import os
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import polars as pl
 
@@ -14,7 +14,7 @@ from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
 from .locate import Location, locate
 from .match import Matching, match, written_only_active
-from .report import DumpSummary, Report
+from .report import DumpSummary, Finding, Report
 from .rootcause import diagnose
 from .timing import TimingOptions, TimingResult, analyze_timing
 from .timing import findings as timing_to_findings
@@ -57,17 +57,38 @@ def run_match(trace: Trace, pg: str | None = None) -> Matching:
     return match(entries, groups, members, trace.dumps, trace.pg_status)
 
 
-def waits_and_timing(trace: Trace, m: Matching, topo: Topology,
-                     timing_options: TimingOptions | None = None) -> tuple[Waits, Location | None, TimingResult]:
-    """Who waits for whom (`build_waits`, then `locate`) and the timing analysis, which needs only the
-    matching: it runs on a second thread meanwhile. The wait analysis keeps about one of two cores busy
-    (much of it is Python), and timing's Polars work fills the other: at 16,384 ranks it then adds about
-    two thirds of what it costs alone to the analysis (`python -m bench.stages`)."""
+class Diagnosis(NamedTuple):
+    """What `analyze` works out after matching (`diagnose_matched`)."""
+
+    waits: Waits
+    location: Location | None
+    timing: TimingResult
+    verdict: str
+    summary: str
+    findings: list[Finding]          # `rootcause.diagnose`'s
+    timing_findings: list[Finding]   # stragglers and slow links (`timing.findings`)
+
+
+def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
+                     timing_options: TimingOptions | None = None) -> Diagnosis:
+    """Who waits for whom (`build_waits`, then `locate`), the timing analysis, and the diagnosis. Timing needs
+    only the matching: it runs on a second thread from the start, and the diagnosis waits for it only where a
+    finding needs it. The wait analysis and the diagnosis keep about one of two cores busy (much of them is
+    Python), and timing's Polars work fills the other: at 16,384 ranks it then adds well under what it costs
+    alone (`python -m bench.stages`)."""
+    timing_options = timing_options or TimingOptions()
+
+    def read_timestamps() -> tuple[TimingResult, list[Finding]]:
+        timing = analyze_timing(m, trace.groups, topo, timing_options, entries=trace.entries)
+        return timing, timing_to_findings(timing, trace.groups, topo)
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        timing = pool.submit(analyze_timing, m, trace.groups, topo, timing_options, entries=trace.entries)
+        job = pool.submit(read_timestamps)
         w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
         loc = locate(m, topo, exclude=set(w.waiting))
-        return w, loc, timing.result()
+        verdict, summary, findings = diagnose(trace, m, w, loc, topo, lambda: job.result()[0], timing_options)
+        timing, timing_findings = job.result()
+    return Diagnosis(w, loc, timing, verdict, summary, findings, timing_findings)
 
 
 def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kwargs) -> Report:
@@ -110,9 +131,7 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     stage("matching collectives")
     m = run_match(trace, options.pg)
     stage("following waits and reading timestamps")
-    w, loc, timing = waits_and_timing(trace, m, topo, options.timing)
-    verdict, summary, findings = diagnose(trace, m, w, loc, topo, timing, options.timing)
-    timing_findings = timing_to_findings(timing, trace.groups, topo)
+    w, _, timing, verdict, summary, findings, timing_findings = diagnose_matched(trace, m, topo, options.timing)
     # (the caveats that hold whatever else is found come after what was found)
     caveats = [f for f in findings if f.kind == "world_size_unknown"]
     findings = [f for f in findings if f.kind != "world_size_unknown"] + timing_findings + caveats

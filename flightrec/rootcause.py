@@ -6,6 +6,8 @@ Loops here run over the few findings (roots, divergent groups, cycles), never ov
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import cached_property
+from typing import Callable
 
 import polars as pl
 
@@ -25,14 +27,10 @@ _FIELD_WORDS = {"type_mismatch": "called", "dtype_mismatch": "used dtype", "size
 class _Context:
     """Lookups over the small frames the findings need."""
 
-    def __init__(self, trace: Trace, m: Matching, w: Waits, topo: Topology, timing: TimingResult | None = None):
+    def __init__(self, trace: Trace, m: Matching, w: Waits, topo: Topology,
+                 timing: Callable[[], TimingResult | None] = lambda: None):
         self.trace, self.m, self.w, self.topo = trace, m, w, topo
-        # (rank, _shift_ns): how far each rank's host clock is ahead, where timing found it off (else empty)
-        offsets = (timing.clock_offsets.filter(pl.col("clock_offset_ms") != 0)
-                   .with_columns(pl.col("host").cast(pl.String)) if timing is not None
-                   else pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64}))
-        self.clock_shift = (topo.frame().with_columns(pl.col("host").cast(pl.String)).join(offsets, on="host")
-                            .select("rank", (pl.col("clock_offset_ms") * 1e6).cast(pl.Int64).alias("_shift_ns")))
+        self.timing = timing   # (called where a finding needs it: it may still be being worked out)
         self.groups = {
             g: ProcessGroupRef(name or "", desc or "", int(size))
             for g, name, desc, size in trace.groups.select("group", "pg_name", "pg_desc", "size").iter_rows()
@@ -53,6 +51,16 @@ class _Context:
         # missing ranks `_root_findings` does not name, as every rank waiting on them also waits on a missing
         # unit more ranks wait on (`_overshadowed`): rank -> that unit's ranks
         self.overshadowed: dict[int, list[int]] = {}
+
+    @cached_property
+    def clock_shift(self) -> pl.DataFrame:
+        """(rank, _shift_ns): how far each rank's host clock is ahead, where timing found it off (else empty)."""
+        timing = self.timing()
+        offsets = (timing.clock_offsets.filter(pl.col("clock_offset_ms") != 0)
+                   .with_columns(pl.col("host").cast(pl.String)) if timing is not None
+                   else pl.DataFrame(schema={"host": pl.String, "clock_offset_ms": pl.Float64}))
+        return (self.topo.frame().with_columns(pl.col("host").cast(pl.String)).join(offsets, on="host")
+                .select("rank", (pl.col("clock_offset_ms") * 1e6).cast(pl.Int64).alias("_shift_ns")))
 
     def rank_label(self, rank: int) -> str:
         host = self.topo.host_of.get(rank)
@@ -939,11 +947,14 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
 
 
 def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: Topology,
-             timing: TimingResult | None = None, timing_options: TimingOptions | None = None,
-             ) -> tuple[str, str, list[Finding]]:
+             timing: TimingResult | Callable[[], TimingResult] | None = None,
+             timing_options: TimingOptions | None = None) -> tuple[str, str, list[Finding]]:
     """Return (verdict, one-line summary, findings ordered root causes, symptoms, warnings).
-    With `timing`, a member that joined a stuck collective past its timeout is named as its cause."""
-    ctx = _Context(trace, m, w, topo, timing)
+    With `timing`, a member that joined a stuck collective past its timeout is named as its cause, and the
+    hosts' clock offsets are taken out where enqueue times are compared. `timing` may be a function that
+    returns it (a future's `result`): it is called only where it is needed, after the findings that don't
+    need it, so the timing analysis can still be running on another thread until then (`api.analyze`)."""
+    ctx = _Context(trace, m, w, topo, timing if callable(timing) else lambda: timing)
     roots: list[Finding] = []
     roots += _mismatch_findings(ctx)
     # ranks stuck in a mismatched collective are explained by it, whichever side they are on
@@ -958,7 +969,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     dead = _deadlock_findings(ctx, explained)   # (a cycle through a mismatched collective is its symptom)
     roots += dead
     explained |= {r for f in dead for r in f.evidence.get("deadlock", {}).get("ranks", f.ranks)} | p2p_cycle
-    late, waited_on_late = _late_findings(ctx, loc, timing, timing_options or TimingOptions())
+    late, waited_on_late = _late_findings(ctx, loc, ctx.timing(), timing_options or TimingOptions())
     roots += late
     explained |= waited_on_late
     stuck = set(loc.stuck_ranks) if loc else set()

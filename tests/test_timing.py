@@ -742,21 +742,27 @@ def test_an_error_on_timings_second_thread_reaches_the_caller(monkeypatch):
 
 
 def test_analyze_reads_timestamps_beside_the_waits_with_the_same_result_and_errors(monkeypatch):
-    """analyze runs the timing analysis on a second thread while it follows the waits: on the straggler fixture
-    the result is what each gives alone, and a failure in either one reaches the caller."""
-    from flightrec.api import waits_and_timing
+    """analyze runs the timing analysis on a second thread while it follows the waits and diagnoses, which waits
+    for it only where a finding needs it: on the straggler fixture the result is what each step gives in turn,
+    and a failure in timing reaches the caller."""
+    from flightrec.api import diagnose_matched
     from flightrec.locate import locate
+    from flightrec.rootcause import diagnose
+    from flightrec.timing import findings as timing_findings
     from flightrec.waits import build_waits
 
     trace = load(FIXTURES / "straggler")
     m = run_match(trace)
     topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts)
-    w, loc, timing = waits_and_timing(trace, m, topo)
-    alone = analyze_timing(m, trace.groups, topo, entries=trace.entries)
-    assert timing.per_rank.filter(pl.col("straggler"))["rank"].to_list() == [2]
-    assert timing.per_rank.equals(alone.per_rank) and timing.lateness.equals(alone.lateness)
-    waits_alone = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
-    assert w.waiting == waits_alone.waiting and loc == locate(m, topo, exclude=set(waits_alone.waiting))
+    got = diagnose_matched(trace, m, topo)
+    timing = analyze_timing(m, trace.groups, topo, entries=trace.entries)
+    w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
+    loc = locate(m, topo, exclude=set(w.waiting))
+    assert got.timing.per_rank.filter(pl.col("straggler"))["rank"].to_list() == [2]
+    assert got.timing.per_rank.equals(timing.per_rank) and got.timing.lateness.equals(timing.lateness)
+    assert got.waits.waiting == w.waiting and got.location == loc
+    assert (got.verdict, got.summary, got.findings) == diagnose(trace, m, w, loc, topo, timing)
+    assert got.timing_findings == timing_findings(timing, trace.groups, topo) != []
 
     def broken(*_, **__):
         raise RuntimeError("timing broke")
