@@ -142,7 +142,7 @@ def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | Non
     runs = runs_alternated(list(codes.values()), repeat)
     # (the first-time runs read the dumps from the cache: written here, once)
     run(f"import flightrec; flightrec.load({str(d)!r}); print('{{\"s\": 0}}')")
-    first = runs_alternated(firsts, repeat)
+    first = runs_alternated(firsts, 2 * repeat)   # (a difference of two noisy medians: twice the runs)
     rows = []
     for i, (label, done) in enumerate(zip(codes, runs)):
         r = medians(done)
