@@ -291,7 +291,7 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions,
     # a group_by on 850K rows, which matters as this runs beside the clock offsets, `analyze_timing`.) Its group
     # is its block's: no pass over the rows.
     slot = units["_slot"]
-    size = int(slot.max() or 0) + 1
+    size = int(slot.max()) + 1 if slot.len() else 0   # (no units: no block either)
     block = pl.int_range(0, size, dtype=pl.UInt32, eager=True) // opts.window
     per_inst = pl.DataFrame([block_groups.to_physical().gather(block).alias("_g"),
                              lookup.any_by_position(units["op"], slot, size).alias("_op"),

@@ -317,6 +317,8 @@ def test_slow_groups_are_judged_on_gpu_durations_when_timed():
     untimed = group_speeds(units.with_columns(pl.lit(None, pl.Float32).alias("duration_ms")), groups, opts,
                            groups["group"])
     assert untimed.filter(pl.col("slow"))["group"].cast(pl.String).to_list() == ["b"]
+    # no collective in the window (a job with no entries): no group, nothing judged
+    assert group_speeds(units.clear(), groups, opts, groups["group"].clear()).height == 0
 
 
 def test_late_hosts_without_traffic_between_them_are_each_named():
