@@ -82,6 +82,8 @@ def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
         timing = analyze_timing(m, trace.groups, topo, timing_options, entries=trace.entries)
         return timing, timing_to_findings(timing, trace.groups, topo)
 
+    # (No Polars expression on either side calls back into Python, map_elements or map_batches: such a callback
+    # needs the GIL from inside Polars' shared thread pool, and can deadlock with another Python thread.)
     with ThreadPoolExecutor(max_workers=1) as pool:
         job = pool.submit(read_timestamps)
         w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)

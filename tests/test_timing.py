@@ -1,6 +1,7 @@
 """Stragglers, slow links and clock offsets, on synthetic NCCL jobs and the real Gloo straggler fixture."""
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -772,3 +773,15 @@ def test_analyze_reads_timestamps_beside_the_waits_with_the_same_result_and_erro
     monkeypatch.setattr("flightrec.api.analyze_timing", broken)
     with pytest.raises(RuntimeError, match="timing broke"):
         analyze(FIXTURES / "straggler", use_cache=False)
+
+
+def test_nothing_analyze_runs_beside_timing_calls_back_into_python_from_polars():
+    """analyze runs timing on a second thread beside the waits and the diagnosis: a Polars expression that calls
+    Python (map_elements, map_batches) in any of them could deadlock the two threads on the GIL."""
+    import flightrec
+    from flightrec import cycles, echoes, locate, lookup, report, rootcause, timing, topology, unfelt, waits
+
+    for module in (cycles, echoes, locate, lookup, report, rootcause, timing, topology, unfelt, waits):
+        source = Path(module.__file__).read_text()
+        assert "map_elements" not in source and "map_batches" not in source, module.__name__
+    assert "map_batches" in (Path(flightrec.__file__).parent / "views.py").read_text()   # (the check can see one)
