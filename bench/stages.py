@@ -141,7 +141,7 @@ def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | Non
               for head in heads.values() for beside in (False, True)]
     runs = runs_alternated(list(codes.values()), repeat)
     # (the first-time runs read the dumps from the cache: written here, once)
-    run(f"import flightrec; flightrec.load({str(d)!r}); print('{{\"s\": 0}}')")
+    run(f"import json, flightrec; flightrec.load({str(d)!r}); print(json.dumps({{'s': 0}}))")
     first = runs_alternated(firsts, 2 * repeat)   # (a difference of two noisy medians: twice the runs)
     rows = []
     for i, (label, done) in enumerate(zip(codes, runs)):
@@ -197,7 +197,7 @@ def main(argv=None) -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--against", metavar="REV", help="also measure the code at this git revision, runs in turn")
     ap.add_argument("--rounds", type=int, default=3, help="warm rounds per run measuring what timing adds beside "
-                    "the waits")
+                    "the waits and the diagnosis")
     args = ap.parse_args(argv)
     with checkout(args.against) if args.against else nullcontext() as tree:
         others = {args.against: tree} if args.against else {}
