@@ -337,3 +337,19 @@ def test_the_tapes_table_of_codes_is_left_as_found_after_every_pass(monkeypatch,
     _same(merge_parts([flatten_dump(pickle.loads(d), rank) for rank, d in enumerate(datas)]), got)
     t = tapes[0][0]
     assert "code_of" in t._scratch and (t.code_table() == -1).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 30), max_size=8), max_size=12), st.lists(st.integers(-1, 11), max_size=15))
+def test_distinct_items_are_each_parents_children_once_in_the_order_first_met(children, parents):
+    """The compiled pass behind `dict_keys` and `distinct_children` (edges grouped by parent, as the walk lays them
+    out): every child of the listed parents once, in the order first met; -1 and parents with no children add
+    nothing."""
+    child = np.array([c for kids in children for c in kids], np.int32)
+    count = np.array([len(kids) for kids in children] or [0], np.int32)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    order = np.arange(child.size, dtype=np.int32)
+    parents = np.array([p for p in parents if p < len(children)], np.int64)
+    want = list(dict.fromkeys(c for p in parents if p >= 0 for c in children[p]))
+    got = tape._compiled("distinct_items", tape._distinct_items_py)(child, order, start, count, parents, 31)
+    assert got.tolist() == want and got.dtype == np.int64
