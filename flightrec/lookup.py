@@ -85,3 +85,18 @@ def any_by_position(values: pl.Series, key: pl.Series, size: int) -> pl.Series:
         out[positions] = code_chunk.to_numpy()
     table = pl.Series(values.name, out)
     return pl.select(pl.when(table >= 0).then(table).cast(codes.dtype)).to_series()
+
+
+def row_by_position(key: pl.Series, size: int) -> pl.Series:
+    """Per position 0..size-1, the index of one row whose `key` (no nulls) is that position, the last in row
+    order; null where there is none. Then any column's value for the position is one `gather` of `size` rows:
+    for several columns read per position (a collective's op and shapes), one scatter over the rows instead
+    of one per column."""
+    out = np.full(size, -1, dtype=np.int64)
+    start = 0
+    for chunk in key.get_chunks():
+        positions = chunk.to_numpy().astype(np.intp, copy=False)   # (numpy scatters fastest by its own index type)
+        out[positions] = np.arange(start, start + len(positions))
+        start += len(positions)
+    table = pl.Series(key.name, out)
+    return pl.select(pl.when(table >= 0).then(table)).to_series()

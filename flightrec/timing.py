@@ -293,9 +293,14 @@ def group_speeds(units: pl.DataFrame, groups: pl.DataFrame, opts: TimingOptions,
     slot = units["_slot"]
     size = int(slot.max()) + 1 if slot.len() else 0   # (no units: no block either)
     block = pl.int_range(0, size, dtype=pl.UInt32, eager=True) // opts.window
+    # (op and shapes from one member per slot: one scatter of row numbers, then two small gathers. A member
+    # without shapes must not stand for members with them: where some are null, the non-null ones are scattered.)
+    row = lookup.row_by_position(slot, size)
+    shapes = units["input_sizes"]
     per_inst = pl.DataFrame([block_groups.to_physical().gather(block).alias("_g"),
-                             lookup.any_by_position(units["op"], slot, size).alias("_op"),
-                             lookup.any_by_position(units["input_sizes"], slot, size).alias("_shape"),
+                             units["op"].to_physical().gather(row).alias("_op"),
+                             (shapes.to_physical().gather(row) if not shapes.null_count()
+                              else lookup.any_by_position(shapes, slot, size)).alias("_shape"),
                              lookup.reduce_by_position(own_time, slot, size, "min").cast(pl.Float64).alias("ms")]
                             ).filter(pl.col("ms").is_not_null())
     if per_inst.height == 0:

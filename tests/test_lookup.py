@@ -73,6 +73,16 @@ def test_any_by_position_gives_one_row_s_code_per_position_and_null_where_none()
     assert codes.to_list() == groups.to_physical().gather([1, 0]).to_list()
 
 
+def test_row_by_position_gives_the_last_row_of_each_position_across_chunks():
+    keys = pl.concat([pl.Series("k", [3, 1, 0], dtype=pl.UInt32), pl.Series("k", [3, 4], dtype=pl.UInt32)],
+                     rechunk=False)
+    rows = lookup.row_by_position(keys, 6)
+    assert rows.to_list() == [2, 1, None, 3, 4, None]
+    values = pl.Series(["a", "b", "c", "d", "e"])
+    assert values.gather(rows).to_list() == ["c", "b", None, "d", "e", None]
+    assert lookup.row_by_position(keys.clear(), 0).len() == 0
+
+
 def test_a_negative_peer_local_has_no_peer(make_job):
     """A peer's local rank outside its group (negative, or past its size) names no peer, never another
     group's member."""

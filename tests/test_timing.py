@@ -318,6 +318,12 @@ def test_slow_groups_are_judged_on_gpu_durations_when_timed():
     untimed = group_speeds(units.with_columns(pl.lit(None, pl.Float32).alias("duration_ms")), groups, opts,
                            groups["group"])
     assert untimed.filter(pl.col("slow"))["group"].cast(pl.String).to_list() == ["b"]
+    # a member without shapes (the last one of each of c's collectives) doesn't stand for the others: c keeps
+    # its shapes, and so its peers
+    shapeless = units.with_columns(pl.when((pl.col("group") == "c") & (pl.int_range(pl.len()) % 2 == 1))
+                                   .then(None).otherwise(pl.col("input_sizes")).alias("input_sizes"))
+    assert shapeless["input_sizes"].null_count() == 6
+    assert group_speeds(shapeless, groups, opts, groups["group"]).equals(timed)
     # no collective in the window (a job with no entries): no group, nothing judged
     assert group_speeds(units.clear(), groups, opts, groups["group"].clear()).height == 0
 
