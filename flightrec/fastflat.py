@@ -21,6 +21,7 @@ import pyarrow as pa
 from . import tape
 from .flatten import (
     RAW_FIELDS,
+    SIZE_FIELDS,
     _as_int,
     _as_str,
     _mix,
@@ -30,6 +31,7 @@ from .flatten import (
     file_meta,
     merge_parts,
     normalize_op,
+    shape_dictionary,
     version_problems,
 )
 from .tape import BOOL, DICT, FLOAT, INT, LIST, NONE, STR, TUPLE
@@ -315,12 +317,15 @@ def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, 
     table = _field_table(t, g, entry_ids, names)
     scalar = [i for i, name in enumerate(names[:-1]) if RAW_FIELDS[name][1] in _SCALAR_KINDS]
     columns = _scalar_columns(t, table[scalar], [names[i] for i in scalar])
+    numel = dict(SIZE_FIELDS)
     for i, name in enumerate(names[:-1]):
         typ, kind = RAW_FIELDS[name]
-        if kind not in _SCALAR_KINDS:
+        if kind == "sizes":
+            columns[name], columns[numel[name]] = _shape_columns(t, g, table[i])
+        elif kind not in _SCALAR_KINDS:
             columns[name] = _COLUMN[kind](t, g, table[i], typ)
     stack_ids, stacks = _stacks(t, g, table[-1])
-    return pa.table({name: columns[name] for name in RAW_FIELDS}), stack_ids, stacks
+    return pa.table({name: columns[name] for name in (*RAW_FIELDS, *numel.values())}), stack_ids, stacks
 
 
 # the kinds of object each scalar field may hold (besides None), as a bitmask over tape kinds
@@ -396,17 +401,24 @@ def _strs_column(t, g, ids, typ):
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, mask=pa.array(~present), type=typ)
 
 
-def _sizes_column(t, g, ids, typ):
-    present, outer, shapes = _sequence(t, g, ids, _SEQUENCES)
-    inner, dims = g.children_of(shapes.astype(np.int64))
+def _shape_columns(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.DictionaryArray, pa.Array]:
+    """A sizes field's shape text and element count (`flatten.shapes_derived`), from the lists of lists of
+    ints `ids`: laid flat by two compiled passes, then told apart by content in a third (`tape.shape_codes`).
+    Nested Arrow lists built, flattened again and hashed by numpy passes (`flatten._shape_columns`) took twice
+    as long, ~14% of a worker's time at 8,192 ranks x 200 entries (0.21 s of 1.5 for 1,024 files)."""
+    present, outer, tensors = _sequence(t, g, ids, _SEQUENCES)
+    inner, dims = g.children_of(tensors.astype(np.int64))
     if len(dims) and (t.kind[dims] != INT).any():
         raise _Unsupported
-    tensors = pa.ListArray.from_arrays(pa.array(inner.astype(np.int32)), pa.array(t.value[dims], type=pa.int64()))
-    return pa.ListArray.from_arrays(pa.array(outer.astype(np.int32)), tensors, mask=pa.array(~present), type=typ)
+    values = t.value[dims]
+    codes, reps = tape.shape_codes(outer, inner, values, ~present)
+    shapes = [[values[inner[k]:inner[k + 1]].tolist() for k in range(outer[row], outer[row + 1])]
+              for row in reps.tolist()]
+    return shape_dictionary(codes, ~present, shapes)
 
 
-# the other fields' columns (ints, floats and bools: `_scalar_columns`)
-_COLUMN = {"str": _str_column, "strs": _strs_column, "sizes": _sizes_column}
+# the other fields' columns (ints, floats and bools: `_scalar_columns`; sizes: `_shape_columns`)
+_COLUMN = {"str": _str_column, "strs": _strs_column}
 
 
 def _row_codes(columns: list[np.ndarray]) -> np.ndarray:

@@ -157,9 +157,10 @@ def _raw_table(entries: list[dict], problems: list[str]) -> pa.Table:
 
 def _shape_columns(sizes: pa.ChunkedArray) -> tuple[pa.DictionaryArray, pa.Array]:
     """'[[1024, 8], [8]]' per entry (as Python prints the list; null where the list or any part of it is null),
-    as a dictionary, and its element count (the sum over tensors of the product of dims). A chunk holds a few
-    hundred distinct shapes in 10^5-10^6 entries: entries are told apart by a hash of their dims (numpy passes),
-    and text and count are made once per distinct shape."""
+    as a dictionary, and its element count (the sum over tensors of the product of dims), from the raw nested
+    lists. A chunk holds a few hundred distinct shapes in 10^5-10^6 entries: entries are told apart by a hash of
+    their dims (numpy passes), and text and count are made once per distinct shape. (The tape reader tells them
+    apart in one compiled pass instead: `fastflat`.)"""
     outer = sizes.combine_chunks()
     tensors = pc.list_flatten(outer)
     dims = pc.list_flatten(tensors)
@@ -189,10 +190,33 @@ def _shape_columns(sizes: pa.ChunkedArray) -> tuple[pa.DictionaryArray, pa.Array
                 code[str(shape)] = len(shapes)
                 shapes.append(shape)
             indices[row] = code[str(shape)]
-    indices = pa.array(indices, mask=null)
-    text = pa.DictionaryArray.from_arrays(indices, pa.array([str(shape) for shape in shapes], type=_STR))
-    numel = pc.take(pa.array([_numel(shape) for shape in shapes], type=_I64), indices)
+    return shape_dictionary(indices, null, shapes)
+
+
+def shape_dictionary(indices: np.ndarray, null: np.ndarray, shapes: list) -> tuple[pa.DictionaryArray, pa.Array]:
+    """Shape text (a dictionary) and element count per entry: entry i has `shapes[indices[i]]` (a Python list
+    of lists of ints), or none where `null[i]`."""
+    at = pa.array(indices.astype(np.int32, copy=False), mask=null)
+    text = pa.DictionaryArray.from_arrays(at, pa.array([str(shape) for shape in shapes], type=_STR))
+    numel = pc.take(pa.array([_numel(shape) for shape in shapes], type=_I64), at)
     return text, numel
+
+
+# The raw sizes fields and the element counts derived with their text (`shapes_derived`)
+SIZE_FIELDS = (("input_sizes", "input_numel"), ("output_sizes", "output_numel"))
+
+
+def shapes_derived(raw: pa.Table) -> pa.Table:
+    """`raw` (per-file columns) with its sizes fields as shape text (a dictionary) and their element counts
+    beside them: as the tape reader gives them (`fastflat`), from shapes it never builds as nested lists. The
+    unpickler's way gives nested lists, derived here; a table derived already is returned as it is."""
+    for name, numel_name in SIZE_FIELDS:
+        column = raw[name]
+        if pa.types.is_dictionary(column.type):
+            continue
+        text, numel = _shape_columns(column)
+        raw = raw.set_column(raw.schema.get_field_index(name), name, text).append_column(numel_name, numel)
+    return raw
 
 
 _PRIME = np.uint64(1099511628211)
@@ -284,7 +308,8 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     state = raw["state"]
     state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
     created = pc.coalesce(raw["time_created_ns"], pc.multiply(raw["time_created_us"], 1000))
-    (in_text, in_numel), (out_text, out_numel) = _shape_columns(raw["input_sizes"]), _shape_columns(raw["output_sizes"])
+    raw = shapes_derived(raw)
+    (in_text, in_numel), (out_text, out_numel) = ((raw[name], raw[numel]) for name, numel in SIZE_FIELDS)
     table = pa.table({
         "rank": raw["rank"],
         "pg_name": pg_name,
@@ -470,6 +495,8 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
         out["pg_status"].extend(part["pg_status"])
         out["stacks"].update(part["stacks"])
     if tables:
+        if len({pa.types.is_dictionary(t.schema.field(SIZE_FIELDS[0][0]).type) for t in tables}) > 1:
+            tables = [shapes_derived(t) for t in tables]   # (the tape reader's parts beside the unpickler's)
         out["entries"] = pa.concat_tables(tables, promote_options="permissive")
     return out
 

@@ -108,6 +108,7 @@ def _load_walker() -> None:
     _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
     _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
     _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
+    _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
 
 
 @dataclass(frozen=True)
@@ -687,6 +688,68 @@ def _same_sequences_py(child, order, start, count, parents, reps, code_of_object
             if code_of_object[child[order[start[a] + k]]] != code_of_object[child[order[start[b] + k]]]:
                 return False
     return True
+
+
+def _shape_codes_py(outer, inner, values, null):
+    """Entries told apart by the shape they hold: entry i (none where `null[i]`, a uint8) has tensors outer[i] to
+    outer[i + 1] - 1, tensor k the dims `values[inner[k]:inner[k + 1]]`. Returns each entry's code (-1 where
+    null; codes in the order first met) and each code's first entry. A hash finds the candidates in an open
+    table, and each is checked dim by dim against the code's first entry: no two shapes ever share a code."""
+    n = null.size
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    held = np.full(size, -1, np.int64)   # slot -> its code's first entry
+    held_code = np.empty(size, np.int32)
+    held_key = np.empty(size, np.uint64)
+    codes = np.full(n, -1, np.int32)
+    reps = np.empty(n, np.int64)
+    n_codes = 0
+    for i in range(n):
+        if null[i]:
+            continue
+        h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(outer[i + 1] - outer[i])
+        for k in range(outer[i], outer[i + 1]):
+            h = (h ^ np.uint64(inner[k + 1] - inner[k])) * np.uint64(1099511628211)
+            for d in range(inner[k], inner[k + 1]):
+                h = (h ^ np.uint64(values[d])) * np.uint64(1099511628211)
+        h ^= h >> np.uint64(29)
+        slot = np.int64(h & np.uint64(size - 1))
+        while True:
+            r = held[slot]
+            if r < 0:
+                held[slot] = i
+                held_code[slot] = n_codes
+                held_key[slot] = h
+                reps[n_codes] = i
+                codes[i] = n_codes
+                n_codes += 1
+                break
+            if held_key[slot] == h and outer[i + 1] - outer[i] == outer[r + 1] - outer[r]:
+                same = True
+                for j in range(outer[i + 1] - outer[i]):
+                    a, b = outer[i] + j, outer[r] + j
+                    if inner[a + 1] - inner[a] != inner[b + 1] - inner[b]:
+                        same = False
+                        break
+                    for d in range(inner[a + 1] - inner[a]):
+                        if values[inner[a] + d] != values[inner[b] + d]:
+                            same = False
+                            break
+                    if not same:
+                        break
+                if same:
+                    codes[i] = held_code[slot]
+                    break
+            slot = (slot + 1) & (size - 1)
+    return codes, reps[:n_codes].copy()
+
+
+def shape_codes(outer: np.ndarray, inner: np.ndarray, values: np.ndarray,
+                null: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_shape_codes_py`: (each entry's shape code, each code's first entry)."""
+    return _compiled("shape_codes", _shape_codes_py)(outer.astype(np.int64), inner.astype(np.int64),
+                                                     values.astype(np.int64), null.astype(np.uint8))
 
 
 def same_sequences(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, parents: np.ndarray,

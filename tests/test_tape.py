@@ -6,12 +6,13 @@ import random
 import warnings
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightrec import LoadOptions, load, synth
-from flightrec.flatten import flatten_dump, merge_parts
+from flightrec.flatten import SIZE_FIELDS, flatten_dump, merge_parts, shapes_derived
 from flightrec.readers import read_dump, read_dump_bytes
 from flightrec.schema import KNOWN_DUMP_VERSIONS
 
@@ -24,13 +25,25 @@ PICKLES = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.read_bytes(
 
 
 def _same(want: dict, got: dict) -> None:
+    """The same part, but that the tape reader gives shapes as text (a dictionary of its own) and counts where
+    the unpickler gives nested lists (`flatten.shapes_derived`): compared as the texts and counts they make."""
     assert got is not None
     assert set(got) == set(want)
     for key in want:
-        if hasattr(want[key], "equals"):
+        if key == "entries" and want[key] is not None:
+            assert got[key] is not None
+            assert _decoded(shapes_derived(got[key])).equals(_decoded(shapes_derived(want[key]))), key
+        elif hasattr(want[key], "equals"):
             assert got[key].equals(want[key]), key
         else:
             assert got[key] == want[key], key
+
+
+def _decoded(table: pa.Table) -> pa.Table:
+    for name, _ in SIZE_FIELDS:
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, name, table[name].cast(pa.string()))
+    return table.select(sorted(table.column_names)).combine_chunks()   # (the tape's part adds the counts earlier)
 
 
 def test_every_fixture_pickle_reads_the_same():
@@ -81,6 +94,16 @@ def test_load_gives_the_same_trace_either_way(tmp_path):
     out = tmp_path / "job"
     synth.generate(synth.Job(tp=2, pp=2, dp=2, steps=4, fault=synth.Fault(kind="not_joined")), out)
     (out / "nccl_trace_rank_3").write_bytes(b"\x80\x02}q\x00(X\x07\x00\x00\x00entries")   # cut short
+    # one the tape doesn't take (a bytes value) but the unpickler reads: its entries join the tape's in a chunk
+    dump = pickle.loads((out / "nccl_trace_rank_5").read_bytes())
+    dump["entries"][0]["thread_name"] = b"main"
+    (out / "nccl_trace_rank_5").write_bytes(pickle.dumps(dump))
+    assert fastflat.flatten_pickles([(out / "nccl_trace_rank_5").read_bytes()], [5]) == (None, [])
+    # (a chunk of both: the tape's shapes come as text, the unpickler's as nested lists, derived on merging)
+    good = (out / "nccl_trace_rank_4").read_bytes()
+    mixed = merge_parts([fastflat.flatten_pickle(good, 4), flatten_dump(dump, 5)])
+    assert pa.types.is_dictionary(mixed["entries"].schema.field("input_sizes").type)
+    _same(merge_parts([flatten_dump(pickle.loads(good), 4), flatten_dump(dump, 5)]), mixed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fast = load(out, LoadOptions(use_cache=False, reader="tape", workers=1))
@@ -353,3 +376,25 @@ def test_distinct_items_are_each_parents_children_once_in_the_order_first_met(ch
     want = list(dict.fromkeys(c for p in parents if p >= 0 for c in children[p]))
     got = tape._compiled("distinct_items", tape._distinct_items_py)(child, order, start, count, parents, 31)
     assert got.tolist() == want and got.dtype == np.int64
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.lists(st.integers(-3, 3), max_size=3), max_size=3)), max_size=40))
+def test_shape_codes_give_equal_shapes_one_code_in_the_order_first_met(entries):
+    """`tape.shape_codes` against a dict of the shapes as tuples: few dim values, so shapes repeat, and the
+    empty shape, empty tensors and nulls all occur."""
+    outer, inner, values = [0], [0], []
+    for shape in entries:
+        for tensor in shape or []:
+            values += tensor
+            inner.append(len(values))
+        outer.append(len(inner) - 1)
+    null = np.array([shape is None for shape in entries], dtype=bool)
+    codes, reps = tape.shape_codes(np.array(outer), np.array(inner), np.array(values, dtype=np.int64), null)
+    seen: dict = {}
+    want = [-1 if shape is None else seen.setdefault(tuple(map(tuple, shape)), len(seen)) for shape in entries]
+    assert codes.tolist() == want
+    first = {}
+    for i, code in enumerate(want):
+        first.setdefault(code, i)
+    assert reps.tolist() == [first[c] for c in range(len(seen))]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("numba")
@@ -164,3 +165,8 @@ def test_every_signature_declares_each_argument_of_its_function():
                                                                                     None)
     for name, fn in tape_build._sources().items():
         assert len(tape_build.ARGUMENTS[name]) == len(inspect.signature(fn).parameters), name
+        # each array's item type a numpy dtype by that name (numba's 'boolean' is numpy's 'bool': the check
+        # would refuse every call, and each batch would quietly go the unpickler's way)
+        for arg in tape_build.ARGUMENTS[name]:
+            if arg is not None:
+                assert np.dtype(arg[0]).name == arg[0], (name, arg)
