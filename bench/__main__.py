@@ -3,18 +3,24 @@
     python -m bench [--sizes 1024x2000,4096x200,8192x200,16384x200,16384x2000,131072x200] [--repeat 3]
                     [--vs-torchfrtrace [--torchfrtrace PATH]] [--without-built-reader | --vs-jit-start]
 
-Columns: cold = `flightrec analyze` from pickles (no cache), warm = the same from the cache,
-floor = a plain single-process `pickle.load` of every file (the floor for any pickle reader), peak RSS of the
-whole process tree, and the cost per rank. Each cell is the median of --repeat fresh processes. Where numba
+Columns: cold = `flightrec.analyze` from pickles (no cache; timed from after `import flightrec`), warm = the
+same from the cache, floor = a plain single-process `pickle.load` of every file (the floor for any pickle
+reader), peak RSS of the whole process tree, and the cost per rank. Each cell is the median of --repeat fresh processes. Where numba
 is installed the reader is first built ahead of time (`flightrec build-reader`, once) unless
---without-built-reader.
+--without-built-reader. With --vs-torchfrtrace, torchfrtrace runs once (a whole process, from Python's start),
+and beside it `flightrec analyze --no-cache` as a whole process too (median of --repeat): the speed-up process
+to process.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import shutil
+import statistics
+import sys
 import tempfile
+from pathlib import Path
 
 from flightrec import tape
 
@@ -58,6 +64,11 @@ def measure(ranks: int, entries: int, repeat: int, torchfrtrace: str | None, pre
     if torchfrtrace:
         t = run_command([torchfrtrace, str(d), "-p", "nccl_trace_rank_"], timeout=3 * 3600)
         row.update(tft=t["s"], tft_rss=t["peak_rss"], tft_rc=t["returncode"])
+        # Side by side, both whole processes: torchfrtrace's time counts Python's start and its imports, so
+        # flightrec's does too here (the `cold` column starts after `import flightrec`, ~0.6-0.9 s earlier).
+        whole = [run_command([sys.executable, "-m", "flightrec", "analyze", str(d), "--no-cache", "-q"])
+                 for _ in range(repeat)]
+        row["cold_process"] = statistics.median(w["s"] for w in whole)
     return row
 
 
@@ -80,11 +91,14 @@ def table(rows: list[dict]) -> str:
                              f"{r['cold_jit'] / r['cold']:.2f}x | {gib(r['cold_jit_rss'])} | "
                              f"{'yes' if r['jit_right'] else 'NO'} |")
     if any("tft" in r for r in rows):
-        lines += ["", "| ranks x entries | torchfrtrace | its peak RSS | exit | flightrec cold | speed-up |", "|---|---|---|---|---|---|"]
+        lines += ["", "| ranks x entries | torchfrtrace (whole process) | its peak RSS | exit | flightrec cold | "
+                  "speed-up | flightrec cold, whole process (`flightrec analyze --no-cache`) | speed-up, process to process |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in rows:
             if "tft" in r:
                 lines.append(f"| {r['ranks']:,} x {r['entries_per_rank']:,} | {r['tft']:.1f} s | {gib(r['tft_rss'])} | "
-                             f"{r['tft_rc']} | {r['cold']:.1f} s | {r['tft'] / r['cold']:.0f}x |")
+                             f"{r['tft_rc']} | {r['cold']:.1f} s | {r['tft'] / r['cold']:.0f}x | "
+                             f"{r['cold_process']:.1f} s | {r['tft'] / r['cold_process']:.0f}x |")
     return "\n".join(lines)
 
 
@@ -104,6 +118,9 @@ def main(argv=None) -> None:
     if args.vs_torchfrtrace and not args.torchfrtrace:
         ap.error("--vs-torchfrtrace: no torchfrtrace found; install torch or pass --torchfrtrace PATH")
     prelude = WITHOUT_BUILT_READER if args.without_built_reader else ""
+    # flightrec's bytecode, as `pip install` compiles it (where PYTHONDONTWRITEBYTECODE is set, as on this
+    # project's machine, each process would otherwise compile the package from source: ~0.15 s of its start)
+    compileall.compile_dir(Path(tape.__file__).parent, quiet=1)
     built = not args.without_built_reader and ensure_built_reader()
     if args.vs_jit_start and not built:
         ap.error("--vs-jit-start compares the built reader with numba's JIT start: install the `fast` extra")
