@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import compileall
 import shutil
-import statistics
-import sys
 import tempfile
 from pathlib import Path
 
@@ -46,9 +44,13 @@ def measure(ranks: int, entries: int, repeat: int, torchfrtrace: str | None, pre
     try:
         floor = median_of(PICKLE_FLOOR.format(d=str(d)), repeat)
         cold_code = ANALYZE.format(d=str(d), cache=False, cache_dir=cache_dir)
-        jit = None
+        jit = process = None
         if vs_jit_start:
             cold, jit = medians_alternated([cold_code, WITHOUT_BUILT_READER + cold_code], repeat)
+        elif torchfrtrace:
+            # (torchfrtrace's time counts Python's start and its imports: flightrec's whole process too, in turn
+            # with the `cold` runs, which start after `import flightrec`)
+            cold, process = medians_alternated([prelude + cold_code, WHOLE_PROCESS.format(d=str(d))], repeat)
         else:
             cold = median_of(prelude + cold_code, repeat)
         median_of(ANALYZE.format(d=str(d), cache=True, cache_dir=cache_dir), 1)  # fill the cache
@@ -63,13 +65,17 @@ def measure(ranks: int, entries: int, repeat: int, torchfrtrace: str | None, pre
         row.update(cold_jit=jit["s"], cold_jit_rss=jit["peak_rss"], jit_right=jit["culprits"] == truth["ranks"])
     if torchfrtrace:
         t = run_command([torchfrtrace, str(d), "-p", "nccl_trace_rank_"], timeout=3 * 3600)
-        row.update(tft=t["s"], tft_rss=t["peak_rss"], tft_rc=t["returncode"])
-        # Side by side, both whole processes: torchfrtrace's time counts Python's start and its imports, so
-        # flightrec's does too here (the `cold` column starts after `import flightrec`, ~0.6-0.9 s earlier).
-        whole = [run_command([sys.executable, "-m", "flightrec", "analyze", str(d), "--no-cache", "-q"])
-                 for _ in range(repeat)]
-        row["cold_process"] = statistics.median(w["s"] for w in whole)
+        row.update(tft=t["s"], tft_rss=t["peak_rss"], tft_rc=t["returncode"], cold_process=process["s"])
     return row
+
+
+# `flightrec analyze --no-cache` timed as a whole process, from Python's start to its exit
+WHOLE_PROCESS = """
+import json, subprocess, sys, time
+t = time.perf_counter()
+subprocess.run([sys.executable, "-m", "flightrec", "analyze", {d!r}, "--no-cache", "-q"], stdout=subprocess.DEVNULL)
+print(json.dumps({{"s": time.perf_counter() - t}}))
+"""
 
 
 def table(rows: list[dict]) -> str:
