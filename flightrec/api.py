@@ -74,9 +74,9 @@ def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
     """Who waits for whom (`build_waits`, then `locate`), the timing analysis, and the diagnosis. Timing needs
     only the matching: it runs on a second thread from the start, and the diagnosis waits for it only where a
     finding needs it. The wait analysis and the diagnosis keep about one of two cores busy (much of them is
-    Python), and timing's Polars work fills part of the other: at 16,384 ranks, in a warm process, timing then
-    adds ~14-22% of matching's time to the analysis, against ~20-28% one after the other (`python -m
-    bench.stages`; the first time in a fresh process, the gain is within that measure's noise)."""
+    Python), and timing's Polars work fills part of the other: at 16,384 ranks timing then adds 13-16% of
+    matching's time to the analysis, warm or the first time in a fresh process, against 24-25% as a stage
+    alone (`python -m bench.stages`, bench/README.md)."""
     timing_options = timing_options or TimingOptions()
 
     def read_timestamps() -> tuple[TimingResult, list[Finding]]:
