@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from . import tape
 from .flatten import (
+    GROUP_FIELDS,
     RAW_FIELDS,
     SIZE_FIELDS,
     _as_int,
@@ -319,13 +320,18 @@ def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, 
     columns = _scalar_columns(t, table[scalar], [names[i] for i in scalar])
     numel = dict(SIZE_FIELDS)
     for i, name in enumerate(names[:-1]):
-        typ, kind = RAW_FIELDS[name]
+        kind = RAW_FIELDS[name][1]
         if kind == "sizes":
             columns[name], columns[numel[name]] = _shape_columns(t, g, table[i])
-        elif kind not in _SCALAR_KINDS:
-            columns[name] = _COLUMN[kind](t, g, table[i], typ)
+        elif name == "process_group":
+            columns.update(zip(GROUP_FIELDS, _group_columns(t, g, table[i])))
+        elif kind == "strs":
+            columns[name] = _joined_column(t, g, table[i])
+        elif kind == "str":
+            columns[name] = _text_column(t, table[i])
     stack_ids, stacks = _stacks(t, g, table[-1])
-    return pa.table({name: columns[name] for name in (*RAW_FIELDS, *numel.values())}), stack_ids, stacks
+    order = [name for name in RAW_FIELDS if name != "process_group"] + [*numel.values(), *GROUP_FIELDS]
+    return pa.table({name: columns[name] for name in order}), stack_ids, stacks
 
 
 # the kinds of object each scalar field may hold (besides None), as a bitmask over tape kinds
@@ -360,22 +366,24 @@ def _kinds(t: tape.Tape, ids: np.ndarray, allowed: tuple[int, ...]) -> tuple[np.
     return kind != NONE, kind
 
 
-def _texts(t: tape.Tape, ids: np.ndarray, present: np.ndarray | None = None) -> pa.Array:
-    """Text of string objects `ids` (all STR where `present`, null elsewhere): decoded once per distinct text."""
-    if present is None:
-        words, index = t.texts(ids)
-        return pa.array(words, type=pa.string()).take(pa.array(index.astype(np.int32)))
-    words, index = t.texts(ids[present])
-    at = np.zeros(len(ids), np.int32)
-    at[present] = index
-    return pa.array(words, type=pa.string()).take(pa.array(at, mask=~present))
+def _dictionary(codes: np.ndarray, present: np.ndarray, words: list[str]) -> pa.DictionaryArray:
+    """Entry i has `words[codes[i]]`, or none where not `present[i]`; each word once in the dictionary."""
+    distinct = dict.fromkeys(words)
+    if len(distinct) < len(words):   # (lists that join alike: ["a,b"] and ["a", "b"])
+        position = {word: i for i, word in enumerate(distinct)}
+        codes = np.array([position[word] for word in words], np.int32)[codes]
+        words = list(distinct)
+    at = pa.array(codes.astype(np.int32, copy=False), mask=~present)
+    return pa.DictionaryArray.from_arrays(at, pa.array(words, type=pa.string()))
 
 
-def _str_column(t, g, ids, typ):
+def _text_column(t: tape.Tape, ids: np.ndarray) -> pa.DictionaryArray:
+    """A text field (`flatten.texts_derived`): each distinct text decoded once, never a row of text made."""
     present, _ = _kinds(t, ids, (STR,))
-    if not present.any():
-        return pa.nulls(len(ids), typ)
-    return _texts(t, ids, present)
+    words, index = t.texts(ids[present]) if present.any() else ([], np.zeros(0, np.int64))
+    codes = np.zeros(len(ids), np.int32)
+    codes[present] = index
+    return _dictionary(codes, present, words)
 
 
 def _sequence(t, g, ids: np.ndarray, item_kinds: tuple[int, ...]):
@@ -395,10 +403,33 @@ def _only(kinds: np.ndarray, allowed: tuple[int, ...]) -> bool:
     return bool(table[kinds].all())
 
 
-def _strs_column(t, g, ids, typ):
+def _text_items(t, g, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """(present, offsets, distinct texts, each item's index among them) of the lists of text `ids`."""
     present, offsets, items = _sequence(t, g, ids, (STR,))
-    values = _texts(t, items) if len(items) else pa.array([], type=pa.string())
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, mask=pa.array(~present), type=typ)
+    words, index = t.texts(items) if len(items) else ([], np.zeros(0, np.int64))
+    return present, offsets, words, index
+
+
+def _joined_column(t, g, ids: np.ndarray) -> pa.DictionaryArray:
+    """A list-of-text field joined by "," (`flatten.texts_derived`): lists told apart by their items' texts
+    in one compiled pass (`tape.shape_codes`, each list a shape of one-dim tensors), joined once each."""
+    present, offsets, words, index = _text_items(t, g, ids)
+    codes, reps = tape.shape_codes(offsets, np.arange(len(index) + 1), index, ~present)
+    joined = [",".join(words[k] for k in index[offsets[row]:offsets[row + 1]].tolist()) for row in reps.tolist()]
+    return _dictionary(codes, present, joined)
+
+
+def _group_columns(t, g, ids: np.ndarray) -> list[pa.DictionaryArray]:
+    """The process group's name and desc (items 0 and 1 of its [name, desc] list), none where it has fewer."""
+    present, offsets, words, index = _text_items(t, g, ids)
+    lengths = np.diff(offsets)
+    out = []
+    for i in range(len(GROUP_FIELDS)):
+        has = present & (lengths > i)
+        codes = np.zeros(len(ids), np.int32)
+        codes[has] = index[offsets[:-1][has] + i]
+        out.append(_dictionary(codes, has, words))
+    return out
 
 
 def _shape_columns(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.DictionaryArray, pa.Array]:
@@ -415,10 +446,6 @@ def _shape_columns(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Diction
     shapes = [[values[inner[k]:inner[k + 1]].tolist() for k in range(outer[row], outer[row + 1])]
               for row in reps.tolist()]
     return shape_dictionary(codes, ~present, shapes)
-
-
-# the other fields' columns (ints, floats and bools: `_scalar_columns`; sizes: `_shape_columns`)
-_COLUMN = {"str": _str_column, "strs": _strs_column}
 
 
 def _row_codes(columns: list[np.ndarray]) -> np.ndarray:

@@ -204,6 +204,11 @@ def shape_dictionary(indices: np.ndarray, null: np.ndarray, shapes: list) -> tup
 
 # The raw sizes fields and the element counts derived with their text (`shapes_derived`)
 SIZE_FIELDS = (("input_sizes", "input_numel"), ("output_sizes", "output_numel"))
+# Text fields travel as dictionaries, lists of text joined by "," (dictionaries too), and the process group's
+# [name, desc] as two dictionary columns (`texts_derived`)
+TEXT_FIELDS = ("profiling_name", "state", "thread_id", "thread_name")
+JOINED_FIELDS = ("input_dtypes", "output_dtypes")
+GROUP_FIELDS = ("process_group_name", "process_group_desc")
 
 
 def shapes_derived(raw: pa.Table) -> pa.Table:
@@ -217,6 +222,33 @@ def shapes_derived(raw: pa.Table) -> pa.Table:
         text, numel = _shape_columns(column)
         raw = raw.set_column(raw.schema.get_field_index(name), name, text).append_column(numel_name, numel)
     return raw
+
+
+def texts_derived(raw: pa.Table) -> pa.Table:
+    """`raw` with its text fields as dictionaries, its lists of text joined (dictionaries too) and the process
+    group's name and desc apart (GROUP_FIELDS): as the tape reader gives them (`fastflat`), which tells texts
+    apart once per batch and so never builds a row of text. The unpickler's way gives strings and lists,
+    derived here; a table derived already is returned as it is."""
+    if "process_group" not in raw.column_names:
+        return raw
+    columns: dict[str, Any] = {}
+    for name in raw.column_names:
+        column = raw[name]
+        if name == "process_group":
+            for i, group_field in enumerate(GROUP_FIELDS):
+                columns[group_field] = pc.dictionary_encode(_list_get(column, i))
+            continue
+        if name in JOINED_FIELDS:
+            column = pc.binary_join(column, ",")
+        if name in TEXT_FIELDS or name in JOINED_FIELDS:
+            column = pc.dictionary_encode(column)
+        columns[name] = column
+    return pa.table(columns)
+
+
+def raw_derived(raw: pa.Table) -> pa.Table:
+    """Per-file columns in the form the tape reader gives them (`shapes_derived`, `texts_derived`)."""
+    return texts_derived(shapes_derived(raw))
 
 
 _PRIME = np.uint64(1099511628211)
@@ -295,32 +327,36 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     """Raw per-file columns (a whole chunk of files at once) -> the ENTRIES columns except `group`/`peer`.
 
     Vectorized in Arrow (workers must not use Polars: its thread pool is not fork-safe). Python runs once per
-    distinct profiling name, never per entry."""
-    names = raw["profiling_name"].combine_chunks().dictionary_encode()
+    distinct profiling name, never per entry. Text columns stay the dictionaries they come as
+    (`raw_derived`): a rule about a text (a known state, a group named) is checked once per distinct one."""
+    raw = raw_derived(raw)
+    names = raw["profiling_name"].combine_chunks()
     infos = [normalize_op(n) for n in names.dictionary.to_pylist()]
     op = pc.take(pa.array([i[0] for i in infos], type=_STR), names.indices) if infos else pa.nulls(len(names), _STR)
     peers = [i[1] if i[1] is not None and 0 <= i[1] < _I32_MAX else None for i in infos]
     peer = pc.take(pa.array(peers, type=_I32), names.indices) if infos else pa.nulls(len(names), _I32)
     op = pc.fill_null(op, "unknown")
-    pg = raw["process_group"]
     # before recorder 2.1 entries name no group, only the local pg id, which is then the pg_config key
-    pg_name = pc.coalesce(_list_get(pg, 0), pc.cast(raw["pg_id"], _STR))
-    state = raw["state"]
-    state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
+    pg_name = raw[GROUP_FIELDS[0]].combine_chunks()
+    if pg_name.null_count:
+        pg_name = pc.coalesce(pg_name.cast(_STR), pc.cast(raw["pg_id"], _STR))
+    state = raw["state"].combine_chunks()
+    if not set(state.dictionary.to_pylist()) <= set(_STATES):
+        state = state.cast(_STR)
+        state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
     created = pc.coalesce(raw["time_created_ns"], pc.multiply(raw["time_created_us"], 1000))
-    raw = shapes_derived(raw)
     (in_text, in_numel), (out_text, out_numel) = ((raw[name], raw[numel]) for name, numel in SIZE_FIELDS)
     table = pa.table({
         "rank": raw["rank"],
         "pg_name": pg_name,
-        "pg_desc": _list_get(pg, 1),
+        "pg_desc": raw[GROUP_FIELDS[1]],
         "pg_id": raw["pg_id"],
         "record_id": raw["record_id"],
         "collective_seq_id": pc.coalesce(raw["collective_seq_id"], raw["seq_id"]),
         "p2p_seq_id": raw["p2p_seq_id"],
         "op_id": raw["op_id"],
         "op": op,
-        "profiling_name": raw["profiling_name"],
+        "profiling_name": names,
         "is_p2p": pc.coalesce(raw["is_p2p"], pc.is_in(op, pa.array(["send", "recv"]))),
         "peer_local": peer,
         "state": state,
@@ -332,8 +368,8 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         "duration_ms": pc.cast(raw["duration_ms"], pa.float32()),
         "input_sizes": in_text,
         "output_sizes": out_text,
-        "input_dtypes": pc.binary_join(raw["input_dtypes"], ","),
-        "output_dtypes": pc.binary_join(raw["output_dtypes"], ","),
+        "input_dtypes": raw["input_dtypes"],
+        "output_dtypes": raw["output_dtypes"],
         "input_numel": in_numel,
         "output_numel": out_numel,
         "thread_id": raw["thread_id"],
@@ -344,7 +380,8 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     # to Categoricals instead of hashing every row.
     for name in _CATEGORICAL:
         i = table.schema.get_field_index(name)
-        table = table.set_column(i, name, pc.dictionary_encode(table[name]))
+        if not pa.types.is_dictionary(table.schema.field(i).type):
+            table = table.set_column(i, name, pc.dictionary_encode(table[name]))
     return table
 
 
@@ -495,8 +532,8 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
         out["pg_status"].extend(part["pg_status"])
         out["stacks"].update(part["stacks"])
     if tables:
-        if len({pa.types.is_dictionary(t.schema.field(SIZE_FIELDS[0][0]).type) for t in tables}) > 1:
-            tables = [shapes_derived(t) for t in tables]   # (the tape reader's parts beside the unpickler's)
+        if len({"process_group" in t.column_names for t in tables}) > 1:
+            tables = [raw_derived(t) for t in tables]   # (the tape reader's parts beside the unpickler's)
         out["entries"] = pa.concat_tables(tables, promote_options="permissive")
     return out
 

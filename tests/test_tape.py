@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightrec import LoadOptions, load, synth
-from flightrec.flatten import SIZE_FIELDS, flatten_dump, merge_parts, shapes_derived
+from flightrec.flatten import flatten_dump, merge_parts, raw_derived
 from flightrec.readers import read_dump, read_dump_bytes
 from flightrec.schema import KNOWN_DUMP_VERSIONS
 
@@ -25,14 +25,15 @@ PICKLES = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.read_bytes(
 
 
 def _same(want: dict, got: dict) -> None:
-    """The same part, but that the tape reader gives shapes as text (a dictionary of its own) and counts where
-    the unpickler gives nested lists (`flatten.shapes_derived`): compared as the texts and counts they make."""
+    """The same part, but that the tape reader gives texts as dictionaries of its own, shapes and lists of text
+    as their text, where the unpickler gives strings and nested lists (`flatten.raw_derived`): compared as the
+    values they make."""
     assert got is not None
     assert set(got) == set(want)
     for key in want:
         if key == "entries" and want[key] is not None:
             assert got[key] is not None
-            assert _decoded(shapes_derived(got[key])).equals(_decoded(shapes_derived(want[key]))), key
+            assert _decoded(raw_derived(got[key])).equals(_decoded(raw_derived(want[key]))), key
         elif hasattr(want[key], "equals"):
             assert got[key].equals(want[key]), key
         else:
@@ -40,9 +41,9 @@ def _same(want: dict, got: dict) -> None:
 
 
 def _decoded(table: pa.Table) -> pa.Table:
-    for name, _ in SIZE_FIELDS:
-        i = table.schema.get_field_index(name)
-        table = table.set_column(i, name, table[name].cast(pa.string()))
+    for i, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(i, field.name, table[field.name].cast(pa.string()))
     return table.select(sorted(table.column_names)).combine_chunks()   # (the tape's part adds the counts earlier)
 
 
@@ -99,10 +100,12 @@ def test_load_gives_the_same_trace_either_way(tmp_path):
     dump["entries"][0]["thread_name"] = b"main"
     (out / "nccl_trace_rank_5").write_bytes(pickle.dumps(dump))
     assert fastflat.flatten_pickles([(out / "nccl_trace_rank_5").read_bytes()], [5]) == (None, [])
-    # (a chunk of both: the tape's shapes come as text, the unpickler's as nested lists, derived on merging)
+    # (a chunk of both: the tape's shapes and texts come as dictionaries, the unpickler's as nested lists and
+    # strings, derived on merging)
     good = (out / "nccl_trace_rank_4").read_bytes()
     mixed = merge_parts([fastflat.flatten_pickle(good, 4), flatten_dump(dump, 5)])
-    assert pa.types.is_dictionary(mixed["entries"].schema.field("input_sizes").type)
+    for name in ("input_sizes", "input_dtypes", "profiling_name", "process_group_desc"):
+        assert pa.types.is_dictionary(mixed["entries"].schema.field(name).type), name
     _same(merge_parts([flatten_dump(pickle.loads(good), 4), flatten_dump(dump, 5)]), mixed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
