@@ -25,7 +25,6 @@ from .flatten import (
     SIZE_FIELDS,
     _as_int,
     _as_str,
-    _mix,
     _rank_list_key,
     _stack_hash,
     assemble,
@@ -502,24 +501,17 @@ def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.nda
     """`_stacks`' second half: stacks grouped by their frames' codes, then an id and frames per distinct one.
     `per_object` (-1 each) is free to write at `distinct`."""
     per_object[distinct] = codes
-    # each stack: the sum of its frames' keys, each times PRIME^(its place), and its length (compiled)
-    key_of_object = np.zeros(len(t.kind), np.uint64)
-    with np.errstate(over="ignore"):
-        key_of_object[distinct] = _mix(codes.astype(np.uint64))
-    seq_key = tape.sequence_keys(t, g.order, g.start, g.count, lists, key_of_object)
+    # stacks told apart by their frames' codes in order, in one compiled pass (`tape.shape_codes`: each stack
+    # a shape of one-dim tensors, checked frame by frame against its code's first stack)
+    offsets, frames = g.children_of(np.where(has, lists, g.childless))
+    inverse, first = tape.shape_codes(offsets, np.arange(len(frames) + 1), per_object[frames], ~has)
     rows = np.flatnonzero(has)
-    _, first, inverse = np.unique(seq_key[rows], return_index=True, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    if not tape.same_sequences(t, g.order, g.start, g.count, lists[rows], lists[rows[first][inverse]], per_object):
-        by_codes: dict[tuple, int] = {}
-        inverse = np.array([by_codes.setdefault(tuple(per_object[g.children(int(lists[row]))].tolist()),
-                                                len(by_codes)) for row in rows], dtype=np.int64)
-        first = np.unique(inverse, return_index=True)[1]
+    inverse = inverse[rows]
     per_object[distinct] = np.arange(len(distinct))
     stacks: dict[int, list] = {}
     sid_of_key = np.empty(len(first), np.uint64)
-    for j, row in enumerate(rows[first]):
-        members = per_object[g.children(int(lists[row]))].tolist()
+    for j, row in enumerate(first.tolist()):
+        members = per_object[frames[offsets[row]:offsets[row + 1]]].tolist()
         objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
                     for (name, allowed), (vid, present) in zip((("name", STR), ("filename", STR), ("line", INT)),
                                                                parts)} for f in members]

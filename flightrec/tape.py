@@ -106,8 +106,6 @@ def _load_walker() -> None:
     _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
     _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
-    _compiled("same_sequences", _same_sequences_py)(i32, i32, i64, i32, i64, i64, i64)
-    _compiled("sequence_keys", _sequence_keys_py)(i32, i32, i64, i32, i64, np.zeros(1, np.uint64))
     _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
 
 
@@ -505,7 +503,6 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
     return root, n_obj, n_edge, used
 
 
-
 def _group_by_parent_py(parent, n_obj):
     """Counting sort of edges by parent, stable: (order, first edge of each object, its edge count). Edges
     usually come grouped already (a container's items are added by one opcode, up to 1,000 at a time): then
@@ -659,37 +656,6 @@ def _distinct_items_py(child, order, start, count, parents, n_obj):
     return out[:n].copy()
 
 
-def _sequence_keys_py(child, order, start, count, parents, key_of_object):
-    """Per parent (-1: none, 0): the sum of its children's keys, each times PRIME^(its place from 1), xor its
-    child count times the golden ratio (wrapping uint64 arithmetic)."""
-    out = np.zeros(parents.size, np.uint64)
-    for i in range(parents.size):
-        p = parents[i]
-        if p < 0:
-            continue
-        h = np.uint64(0)
-        power = np.uint64(1)
-        for j in range(start[p], start[p] + count[p]):
-            power *= np.uint64(1099511628211)
-            h += key_of_object[child[order[j]]] * power
-        out[i] = h ^ (np.uint64(count[p]) * np.uint64(0x9E3779B97F4A7C15))
-    return out
-
-
-def _same_sequences_py(child, order, start, count, parents, reps, code_of_object):
-    """Whether each of `parents` has the same children's codes, in order, as its counterpart in `reps`."""
-    for i in range(parents.size):
-        a, b = parents[i], reps[i]
-        if a == b:
-            continue
-        if count[a] != count[b]:
-            return False
-        for k in range(count[a]):
-            if code_of_object[child[order[start[a] + k]]] != code_of_object[child[order[start[b] + k]]]:
-                return False
-    return True
-
-
 def _shape_codes_py(outer, inner, values, null):
     """Entries told apart by the shape they hold: entry i (none where `null[i]`, a uint8) has tensors outer[i] to
     outer[i + 1] - 1, tensor k the dims `values[inner[k]:inner[k + 1]]`. Returns each entry's code (-1 where
@@ -748,26 +714,16 @@ def _shape_codes_py(outer, inner, values, null):
 def shape_codes(outer: np.ndarray, inner: np.ndarray, values: np.ndarray,
                 null: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`_shape_codes_py`: (each entry's shape code, each code's first entry)."""
-    return _compiled("shape_codes", _shape_codes_py)(outer.astype(np.int64), inner.astype(np.int64),
-                                                     values.astype(np.int64), null.astype(np.uint8))
-
-
-def same_sequences(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, parents: np.ndarray,
-                   reps: np.ndarray, code_of_object: np.ndarray) -> bool:
-    return _compiled("same_sequences", _same_sequences_py)(t.child, order, start, count, parents.astype(np.int64),
-                                                           reps.astype(np.int64), code_of_object)
+    # (no copies where the arrays are as the pass takes them already; a bool is a byte)
+    null = np.ascontiguousarray(null).view(np.uint8) if null.dtype == np.bool_ else null.astype(np.uint8)
+    outer, inner, values = (np.ascontiguousarray(a, dtype=np.int64) for a in (outer, inner, values))
+    return _compiled("shape_codes", _shape_codes_py)(outer, inner, values, null)
 
 
 def distinct_children(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
                       parents: np.ndarray) -> np.ndarray:
     return _compiled("distinct_items", _distinct_items_py)(t.child, order, start, count, parents.astype(np.int64),
                                                            len(t.kind))
-
-
-def sequence_keys(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, parents: np.ndarray,
-                  key_of_object: np.ndarray) -> np.ndarray:
-    return _compiled("sequence_keys", _sequence_keys_py)(t.child, order, start, count, parents.astype(np.int64),
-                                                         key_of_object)
 
 
 def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,

@@ -42,8 +42,6 @@ SIGNATURES = {
     "children_of": f"Tuple((int64[::1], int64[::1]))({_EDGES}, int64[::1])",
     "pivot": "int64[:, ::1](int32[::1], int32[::1], int32[::1], int64[::1], int32[::1], int64[::1], int16[::1], int64)",
     "same_texts": "boolean(uint8[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64)",
-    "same_sequences": f"boolean({_EDGES}, int64[::1], int64[::1], int64[::1])",
-    "sequence_keys": f"uint64[::1]({_EDGES}, int64[::1], uint64[::1])",
     "shape_codes": "Tuple((int32[::1], int64[::1]))(int64[::1], int64[::1], int64[::1], uint8[::1])",
     "scalars": "Tuple((int64[:, ::1], boolean[:, ::1], int8[:, ::1], boolean))(int8[::1], int64[::1], int64[:, ::1], "
                "int64[::1])",

@@ -321,14 +321,20 @@ def test_texts_that_share_a_hash_are_still_told_apart():
     assert [t.text(int(o)) for o in strs] == value
 
 
-def test_stacks_sharing_a_hash_still_get_their_own_frames(monkeypatch):
-    """Stacks are grouped by a hash of their frames' codes, then checked entry by entry: with a hash that
-    makes every stack collide, each entry still gets its own stack."""
-    paths = [p for p in PICKLES if len({tuple(map(str, e.get("frames") or [])) for e in read_dump(p)[0]["entries"]}) > 2]
-    assert paths
-    want = flatten_dump(read_dump(paths[0])[0], 0)
-    monkeypatch.setattr(tape, "sequence_keys", lambda t, order, start, count, parents, keys: np.zeros(len(parents), np.uint64))
-    _same(want, fastflat.flatten_pickle(read_dump_bytes(paths[0]), 0))
+def test_stacks_are_told_apart_by_their_frames_in_order():
+    """Each entry's stack is its frames in order: the same frames in another order, a prefix, or the same
+    frames in a list of its own are each told apart (or not) as the unpickler's way tells them."""
+    path = next(p for p in PICKLES if sum(bool(e.get("frames")) for e in read_dump(p)[0]["entries"]) >= 4)
+    dump = read_dump(path)[0]
+    frames = next(e["frames"] for e in dump["entries"] if len(e.get("frames") or []) >= 2)
+    a, b = frames[0], frames[1]
+    for entry, stack in zip(dump["entries"], ([a, b], [b, a], [a], [a, b], [b, a, a])):
+        entry["frames"] = stack
+    data = pickle.dumps(dump, protocol=4)
+    got = fastflat.flatten_pickle(data, 0)
+    _same(flatten_dump(pickle.loads(data), 0), got)
+    ids = got["entries"]["stack_id"].to_pylist()[:5]
+    assert ids[0] == ids[3] and len({ids[0], ids[1], ids[2], ids[4]}) == 4
 
 
 def test_a_protocol_python_does_not_know_is_left_to_the_unpickler():
@@ -346,17 +352,13 @@ def test_a_key_python_cannot_hash_declines_the_file_without_raising():
     assert fastflat.flatten_pickles([data], [0]) == (None, [])
 
 
-@pytest.mark.parametrize("colliding", [False, True])
-def test_the_tapes_table_of_codes_is_left_as_found_after_every_pass(monkeypatch, colliding):
+def test_the_tapes_table_of_codes_is_left_as_found_after_every_pass(monkeypatch):
     """The passes over a batch share one table of -1 per object (`Tape.code_table`: made per pass it was a
     third of the reading time), each resetting what it wrote: a stale code would merge two texts or frames of
-    a later pass. Checked after a whole batch, also with every stack hash colliding (the slower path)."""
+    a later pass. Checked after a whole batch."""
     tapes = []
     read_many = tape.read_many
     monkeypatch.setattr(tape, "read_many", lambda *a, **k: tapes.append(read_many(*a, **k)) or tapes[-1])
-    if colliding:
-        monkeypatch.setattr(tape, "sequence_keys",
-                            lambda t, order, start, count, parents, keys: np.zeros(len(parents), np.uint64))
     datas = [p.read_bytes() for p in PICKLES[:8]]
     got, read = fastflat.flatten_pickles(datas, list(range(len(datas))))
     assert read == list(range(len(datas)))
