@@ -53,48 +53,47 @@ def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
 _TAPE_BATCH_BYTES = 8 << 20
 
 
-def _batches(sizes: list[int], limit: int) -> list[list[int]]:
-    """Consecutive indexes of `sizes`, grouped so each group's total stays under `limit` (a bigger one alone)."""
-    out: list[list[int]] = [[]]
-    held = 0
-    for i, size in enumerate(sizes):
-        if out[-1] and held + size > limit:
-            out.append([])
-            held = 0
-        out[-1].append(i)
-        held += size
-    return [b for b in out if b]
+def _read_batches(items: list[tuple[str, int]], limit: int, left: dict):
+    """The pickles among `items` read a batch at a time, in order: lists of (item, bytes) whose total stays
+    under `limit` (a bigger file alone). Read as they are parsed, so a worker holds one batch's bytes, not its
+    chunk's: every byte a worker first touches is a fresh page, slow on VMs (see `_keep_freed_memory`). The
+    rest go into `left`: JSON with its bytes, a file that could not be read with None (read again, and its
+    reason reported, by `_parse_one`)."""
+    batch, held = [], 0
+    for item in items:
+        try:
+            data = read_dump_bytes(Path(item[0]))
+        except (FlightrecError, OSError):
+            left[item] = None
+            continue
+        if data[:1] != b"\x80":
+            left[item] = data   # JSON (and below, pickles the tape leaves): read once, parsed as ever
+            continue
+        if batch and held + len(data) > limit:
+            yield batch
+            batch, held = [], 0
+        batch.append((item, data))
+        held += len(data)
+    if batch:
+        yield batch
 
 
 def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
     """A chunk of files through the tape reader a batch at a time (`fastflat.flatten_pickles`): a part per
     batch. The files it doesn't take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
-    datas, taken, others = [], [], {}
-    for path, rank in items:
+    parts, left = [], {}
+    for batch in _read_batches(items, _TAPE_BATCH_BYTES, left):
         try:
-            data = read_dump_bytes(Path(path))
-        except (FlightrecError, OSError):
-            continue   # (read again by _parse_one, which reports why)
-        if data[:1] == b"\x80":
-            datas.append(data)
-            taken.append((path, rank))
-        else:
-            others[(path, rank)] = data   # JSON (and below, pickles the tape leaves): read once, parsed as ever
-    parts, done = [], set()
-    for batch in _batches([len(d) for d in datas], _TAPE_BATCH_BYTES):
-        try:
-            part, read = fastflat.flatten_pickles([datas[i] for i in batch], [taken[i][1] for i in batch])
+            part, read = fastflat.flatten_pickles([data for _, data in batch], [item[1] for item, _ in batch])
         except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them
-            continue
+            part, read = None, []
         if part is not None:
             for meta in part["metas"]:
                 meta.update(format="pickle", loaded=True)
             parts.append(part)
-            done.update(batch[j] for j in read)
-    others.update((item, datas[i]) for i, item in enumerate(taken) if i not in done)
-    del datas
-    done_items = {taken[i] for i in done}
-    parts.extend(_parse_one(*item, others.pop(item, None)) for item in items if item not in done_items)
+        taken = set(read) if part is not None else set()
+        left.update(batch[j] for j in range(len(batch)) if j not in taken)
+    parts.extend(_parse_one(*item, left[item]) for item in items if item in left)
     return parts
 
 
