@@ -132,19 +132,27 @@ def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None, use_tape
 
 
 CHUNK_BYTES = 48 << 20  # a worker holds one chunk's columns at a time: this bounds its memory
+TAIL_BYTES = 4 << 20    # the smallest chunk made to even out the pool's end (`_chunks`)
 
 
-def _chunks(files: list[DumpFile], n_chunks: int) -> list[list[tuple[str, int]]]:
-    """Consecutive files (rank order), at least n_chunks chunks, none much over CHUNK_BYTES of input."""
-    target = min(CHUNK_BYTES, max(1, sum(f.size for f in files) // n_chunks))
+def _chunks(files: list[DumpFile], n_chunks: int, workers: int = 1) -> list[list[tuple[str, int]]]:
+    """Consecutive files (rank order), at least n_chunks chunks, none much over CHUNK_BYTES of input, and
+    smaller towards the end (each at most 1 / (2 x workers) of what is left, down to TAIL_BYTES): the pool's
+    last chunks then end close together, where equal ones left a worker idle for up to a chunk's time
+    (~0.3 s of 3 at 8,192 x 200 on two workers)."""
+    left = sum(f.size for f in files)
+    most = min(CHUNK_BYTES, max(1, left // n_chunks))
     chunks: list[list[tuple[str, int]]] = [[]]
     held = 0
+    target = most
     for f in files:
         if chunks[-1] and held + f.size > target:
             chunks.append([])
             held = 0
+            target = max(min(most, left // (2 * workers)), min(most, TAIL_BYTES))
         chunks[-1].append((str(f.path), f.rank))
         held += f.size
+        left -= f.size
     return chunks
 
 
@@ -191,7 +199,7 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
     `LoadOptions`; `progress(done_files, total_files)` as chunks come back; entries through `spool` files."""
     workers = workers or os.cpu_count() or 1
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
-    chunks = _chunks(files, max(1, min(len(files), workers * 8)))
+    chunks = _chunks(files, max(1, min(len(files), workers * 8)), workers)
     built = tape.built()
     use_tape = _use_tape(reader, sum(f.size for f in files), built)
     if use_tape and not built:
