@@ -501,17 +501,16 @@ def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.nda
     """`_stacks`' second half: stacks grouped by their frames' codes, then an id and frames per distinct one.
     `per_object` (-1 each) is free to write at `distinct`."""
     per_object[distinct] = codes
-    # stacks told apart by their frames' codes in order, in one compiled pass (`tape.shape_codes`: each stack
-    # a shape of one-dim tensors, checked frame by frame against its code's first stack)
-    offsets, frames = g.children_of(np.where(has, lists, g.childless))
-    inverse, first = tape.shape_codes(offsets, np.arange(len(frames) + 1), per_object[frames], ~has)
+    # stacks told apart by their frames' codes in order, in one compiled pass over the tape's edges
+    # (`tape.list_codes`: checked frame by frame against its code's first stack)
+    inverse, first = tape.list_codes(t, g.order, g.start, g.count, lists, per_object)
     rows = np.flatnonzero(has)
     inverse = inverse[rows]
     per_object[distinct] = np.arange(len(distinct))
     stacks: dict[int, list] = {}
     sid_of_key = np.empty(len(first), np.uint64)
     for j, row in enumerate(first.tolist()):
-        members = per_object[frames[offsets[row]:offsets[row + 1]]].tolist()
+        members = per_object[g.children(int(lists[row]))].tolist()
         objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
                     for (name, allowed), (vid, present) in zip((("name", STR), ("filename", STR), ("line", INT)),
                                                                parts)} for f in members]

@@ -107,6 +107,7 @@ def _load_walker() -> None:
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
     _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
     _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
+    _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64)
 
 
 @dataclass(frozen=True)
@@ -709,6 +710,61 @@ def _shape_codes_py(outer, inner, values, null):
                     break
             slot = (slot + 1) & (size - 1)
     return codes, reps[:n_codes].copy()
+
+
+def _list_codes_py(child, order, start, count, lists, code_of_object):
+    """Lists told apart by their items' codes in order: list object lists[i] (none where -1) has items
+    child[order[start[l]]..], each standing for `code_of_object[item]`. Returns each list's code (-1 where
+    none; codes in the order first met) and each code's first index, as `_shape_codes_py` does for shapes, but
+    reading the items where the tape holds them (no copy of them laid flat first)."""
+    n = lists.size
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    held = np.full(size, -1, np.int64)   # slot -> its code's first index
+    held_code = np.empty(size, np.int32)
+    held_key = np.empty(size, np.uint64)
+    codes = np.full(n, -1, np.int32)
+    reps = np.empty(n, np.int64)
+    n_codes = 0
+    for i in range(n):
+        a = lists[i]
+        if a < 0:
+            continue
+        h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(count[a])
+        for j in range(start[a], start[a] + count[a]):
+            h = (h ^ np.uint64(code_of_object[child[order[j]]])) * np.uint64(1099511628211)
+        h ^= h >> np.uint64(29)
+        slot = np.int64(h & np.uint64(size - 1))
+        while True:
+            r = held[slot]
+            if r < 0:
+                held[slot] = i
+                held_code[slot] = n_codes
+                held_key[slot] = h
+                reps[n_codes] = i
+                codes[i] = n_codes
+                n_codes += 1
+                break
+            b = lists[r]
+            if held_key[slot] == h and count[a] == count[b]:
+                same = True
+                for k in range(count[a]):
+                    if code_of_object[child[order[start[a] + k]]] != code_of_object[child[order[start[b] + k]]]:
+                        same = False
+                        break
+                if same:
+                    codes[i] = held_code[slot]
+                    break
+            slot = (slot + 1) & (size - 1)
+    return codes, reps[:n_codes].copy()
+
+
+def list_codes(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, lists: np.ndarray,
+               code_of_object: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`_list_codes_py` over the tape's edges: (each list's code, each code's first index)."""
+    return _compiled("list_codes", _list_codes_py)(t.child, order, start, count,
+                                                   np.ascontiguousarray(lists, dtype=np.int64), code_of_object)
 
 
 def shape_codes(outer: np.ndarray, inner: np.ndarray, values: np.ndarray,

@@ -403,3 +403,33 @@ def test_shape_codes_give_equal_shapes_one_code_in_the_order_first_met(entries):
     for i, code in enumerate(want):
         first.setdefault(code, i)
     assert reps.tolist() == [first[c] for c in range(len(seen))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=4)), max_size=40))
+def test_list_codes_give_lists_of_equal_codes_one_code_in_the_order_first_met(lists):
+    """`tape.list_codes` (stacks: lists of frames, each frame's code) against a dict of the lists as tuples:
+    each list is an object whose items are edges of the tape, the items objects whose codes repeat."""
+    child, count, start, code_of_object = [], [], [], []
+    for items in lists:   # one object per list, then one per item (edges grouped by parent, as the walk lays out)
+        start.append(len(child))
+        count.append(len(items or []))
+        for code in items or []:
+            child.append(len(lists) + len(code_of_object))
+            code_of_object.append(code)
+    code_of = np.array([-1] * len(lists) + code_of_object, np.int64)
+    t = tape.Tape(b"", np.zeros(len(code_of), np.int8), np.zeros(len(code_of), np.int64),
+                  np.zeros(len(code_of), np.int64), np.zeros(len(code_of), np.int64), np.zeros(len(child), np.int32),
+                  np.full(len(child), -1, np.int32), np.array(child, np.int32), -1)
+    order = np.arange(len(child), dtype=np.int32)
+    starts = np.array(start + [0] * len(code_of_object), np.int64)
+    counts = np.array(count + [0] * len(code_of_object), np.int32)
+    objects = np.array([-1 if items is None else i for i, items in enumerate(lists)], np.int64)
+    codes, reps = tape.list_codes(t, order, starts, counts, objects, code_of)
+    seen: dict = {}
+    want = [-1 if items is None else seen.setdefault(tuple(items), len(seen)) for items in lists]
+    assert codes.tolist() == want
+    first = {}
+    for i, code in enumerate(want):
+        first.setdefault(code, i)
+    assert reps.tolist() == [first[c] for c in range(len(seen))]
