@@ -461,17 +461,20 @@ def _row_codes(columns: list[np.ndarray]) -> np.ndarray:
 
 def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[int, list]]:
     """As `flatten._stacks`: an entry's stack is its frames list (a list, not empty), its id the hash of the
-    frames' (name, filename, line). Frames are told apart by content (exact codes of their texts, from
-    `Tape.texts`), stacks by a hash of their frames' codes in order, checked entry by entry against the first
-    entry of the same hash (a collision makes them go by their code sequences instead); text is decoded and
-    the id computed once per distinct stack."""
+    frames' (name, filename, line). Stacks are first told apart by their frame objects, in one compiled pass
+    over every entry's frames (`tape.list_codes`): a file's writer shares its frame dicts, so its entries hold
+    a few distinct stacks. Only those are then told apart by content: their frames by the exact codes of
+    their texts (`Tape.texts`), the stacks by those codes in order, checked frame by frame; text is decoded
+    and the id computed once per distinct stack."""
     n = len(ids)
     kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
     has = (kind == LIST) & (g.count[np.maximum(ids, 0)] > 0)
     lists = np.where(has, ids, -1)
-    distinct = tape.distinct_children(t, g.order, g.start, g.count, lists)
-    if len(distinct) == 0:
+    if not has.any():
         return pa.nulls(n, pa.uint64()), {}
+    by_objects, firsts = tape.list_codes(t, g.order, g.start, g.count, lists, t.identity())
+    reps = lists[firsts]   # a list object per stack of distinct frame objects
+    distinct = tape.distinct_children(t, g.order, g.start, g.count, reps)
     if (t.kind[distinct] != DICT).any():
         raise _Unsupported
     field = _fields(t, g, distinct, ("name", "filename", "line"))
@@ -491,26 +494,27 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
     # here per call cost 6 ms at 1,024 files, twice), which is left as it was found.
     per_object = t.code_table()
     try:
-        return _stack_ids(t, g, per_object, distinct, codes, lists, has, parts)
+        return _stack_ids(t, g, per_object, distinct, codes, reps, by_objects, has, parts)
     finally:
         per_object[distinct] = -1
 
 
 def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.ndarray, codes: np.ndarray,
-               lists: np.ndarray, has: np.ndarray, parts: list) -> tuple[pa.Array, dict[int, list]]:
-    """`_stacks`' second half: stacks grouped by their frames' codes, then an id and frames per distinct one.
-    `per_object` (-1 each) is free to write at `distinct`."""
+               reps: np.ndarray, by_objects: np.ndarray, has: np.ndarray,
+               parts: list) -> tuple[pa.Array, dict[int, list]]:
+    """`_stacks`' second half: the stacks of distinct frame objects (`reps`, each entry's index among them
+    `by_objects`) grouped by their frames' codes, then an id and frames per distinct one. `per_object` (-1
+    each) is free to write at `distinct`."""
     per_object[distinct] = codes
-    # stacks told apart by their frames' codes in order, in one compiled pass over the tape's edges
-    # (`tape.list_codes`: checked frame by frame against its code's first stack)
-    inverse, first = tape.list_codes(t, g.order, g.start, g.count, lists, per_object)
+    # (checked frame by frame against its code's first stack: `tape.list_codes`)
+    by_content, first = tape.list_codes(t, g.order, g.start, g.count, reps, per_object)
     rows = np.flatnonzero(has)
-    inverse = inverse[rows]
+    inverse = by_content[by_objects[rows]]
     per_object[distinct] = np.arange(len(distinct))
     stacks: dict[int, list] = {}
     sid_of_key = np.empty(len(first), np.uint64)
-    for j, row in enumerate(first.tolist()):
-        members = per_object[g.children(int(lists[row]))].tolist()
+    for j, rep in enumerate(reps[first].tolist()):
+        members = per_object[g.children(rep)].tolist()
         objects = [{name: (t.text(int(vid[f])) if allowed == STR else int(t.value[vid[f]])) if present[f] else None
                     for (name, allowed), (vid, present) in zip((("name", STR), ("filename", STR), ("line", INT)),
                                                                parts)} for f in members]
@@ -518,6 +522,6 @@ def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.nda
         sid_of_key[j] = sid
         stacks.setdefault(sid, [{"name": _as_str(f["name"]), "filename": _as_str(f["filename"]),
                                  "line": _as_int(f["line"])} for f in objects])
-    out = np.zeros(len(lists), np.uint64)
+    out = np.zeros(len(has), np.uint64)
     out[rows] = sid_of_key[inverse]
     return pa.array(out, type=pa.uint64(), mask=~has), stacks

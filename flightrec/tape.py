@@ -139,6 +139,14 @@ class Tape:
             table = self._scratch["code_of"] = np.full(len(self.kind), -1, np.int64)
         return table
 
+    def identity(self) -> np.ndarray:
+        """Each object's own id (int64), as a table of codes that tells objects apart by identity: made once
+        per tape."""
+        table = self._scratch.get("identity")
+        if table is None:
+            table = self._scratch["identity"] = np.arange(len(self.kind), dtype=np.int64)
+        return table
+
     def texts(self, objs: np.ndarray) -> tuple[list[str], np.ndarray]:
         """The distinct texts of str objects `objs` and each one's index among them: decoded once per
         distinct content, not once per object (each file has its own objects). Contents are grouped by the
