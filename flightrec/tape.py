@@ -325,29 +325,17 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
         op = data[pos]
         pos += 1
         made = -1   # a new object to push
-        if op == 0x80:  # PROTO
-            if pos + 1 > n or data[pos] > 5:   # (Python refuses a protocol it doesn't know: so does this)
+        # (tested in order of frequency in the recorder's dumps: memo references are ~half their opcodes,
+        # puts a tenth, new lists and small ints most of the rest)
+        if op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
+            width = 4 if op == 0x6A else 1
+            index = _uint_arg(data, pos, n, width)
+            if index < 0:
                 break
-            pos += 1
-        elif op == 0x95:  # FRAME: an 8-byte length, framing only
-            if pos + 8 > n:
+            pos += width
+            if index >= memo_capacity or memo[index] < 0:
                 break
-            pos += 8
-        elif op == 0x2E:  # STOP
-            if sp == 1 and mp == 0:
-                root = stack[0]
-            break
-        elif op == 0x7D or op == 0x5D or op == 0x29:  # EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
-            if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used
-            kind[n_obj] = DICT if op == 0x7D else (LIST if op == 0x5D else TUPLE)
-            made = n_obj
-            n_obj += 1
-        elif op == 0x28:  # MARK
-            if mp >= marks.size:
-                break
-            marks[mp] = sp
-            mp += 1
+            made = memo[index]
         elif op == 0x71 or op == 0x72 or op == 0x94:  # BINPUT, LONG_BINPUT, MEMOIZE
             if sp == 0:
                 break
@@ -365,30 +353,10 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
                 n_memo += 1   # (Python's memo is a dict: MEMOIZE puts at its size, the count of indexes set)
             memo[index] = stack[sp - 1]
             used = max(used, index + 1)
-        elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
-            width = 4 if op == 0x6A else 1
-            index = _uint_arg(data, pos, n, width)
-            if index < 0:
-                break
-            pos += width
-            if index >= memo_capacity or memo[index] < 0:
-                break
-            made = memo[index]
-        elif op == 0x58 or op == 0x8C:  # BINUNICODE (4-byte length), SHORT_BINUNICODE (1-byte)
-            width = 4 if op == 0x58 else 1
-            size = _uint_arg(data, pos, n, width)
-            if size < 0:
-                break
-            pos += width
-            if pos + size > n:
-                break
+        elif op == 0x7D or op == 0x5D or op == 0x29:  # EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
             if n_obj >= capacity:
                 return _TOO_SMALL, n_obj, n_edge, used
-            kind[n_obj] = STR
-            start[n_obj] = pos
-            length[n_obj] = size
-            value[n_obj] = _text_hash(data, pos, size)
-            pos += size
+            kind[n_obj] = DICT if op == 0x7D else (LIST if op == 0x5D else TUPLE)
             made = n_obj
             n_obj += 1
         elif op == 0x4B or op == 0x4D or op == 0x4A or op == 0x8A:  # BININT1, BININT2, BININT, LONG1
@@ -428,26 +396,6 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
             value[n_obj] = v
             made = n_obj
             n_obj += 1
-        elif op == 0x47:  # BINFLOAT: 8 bytes, big-endian
-            if pos + 8 > n:
-                break
-            bits = np.int64(0)
-            for k in range(8):
-                bits = (bits << 8) | np.int64(data[pos + k])
-            pos += 8
-            if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used
-            kind[n_obj] = FLOAT
-            value[n_obj] = bits
-            made = n_obj
-            n_obj += 1
-        elif op == 0x4E or op == 0x88 or op == 0x89:  # NONE, NEWTRUE, NEWFALSE
-            if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used
-            kind[n_obj] = NONE if op == 0x4E else BOOL
-            value[n_obj] = 1 if op == 0x88 else 0
-            made = n_obj
-            n_obj += 1
         elif op == 0x61 or op == 0x73:  # APPEND (list, item), SETITEM (dict, key, value)
             items = 1 if op == 0x61 else 2
             if sp < items + 1:
@@ -481,6 +429,11 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
                 child[n_edge] = stack[k + step - 1]
                 n_edge += 1
             sp = m
+        elif op == 0x28:  # MARK
+            if mp >= marks.size:
+                break
+            marks[mp] = sp
+            mp += 1
         elif op == 0x74 or op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE (since MARK), TUPLE1/2/3
             if op == 0x74:
                 if mp == 0:
@@ -502,6 +455,55 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
             sp = m
             made = n_obj
             n_obj += 1
+        elif op == 0x4E or op == 0x88 or op == 0x89:  # NONE, NEWTRUE, NEWFALSE
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = NONE if op == 0x4E else BOOL
+            value[n_obj] = 1 if op == 0x88 else 0
+            made = n_obj
+            n_obj += 1
+        elif op == 0x47:  # BINFLOAT: 8 bytes, big-endian
+            if pos + 8 > n:
+                break
+            bits = np.int64(0)
+            for k in range(8):
+                bits = (bits << 8) | np.int64(data[pos + k])
+            pos += 8
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = FLOAT
+            value[n_obj] = bits
+            made = n_obj
+            n_obj += 1
+        elif op == 0x58 or op == 0x8C:  # BINUNICODE (4-byte length), SHORT_BINUNICODE (1-byte)
+            width = 4 if op == 0x58 else 1
+            size = _uint_arg(data, pos, n, width)
+            if size < 0:
+                break
+            pos += width
+            if pos + size > n:
+                break
+            if n_obj >= capacity:
+                return _TOO_SMALL, n_obj, n_edge, used
+            kind[n_obj] = STR
+            start[n_obj] = pos
+            length[n_obj] = size
+            value[n_obj] = _text_hash(data, pos, size)
+            pos += size
+            made = n_obj
+            n_obj += 1
+        elif op == 0x80:  # PROTO
+            if pos + 1 > n or data[pos] > 5:   # (Python refuses a protocol it doesn't know: so does this)
+                break
+            pos += 1
+        elif op == 0x95:  # FRAME: an 8-byte length, framing only
+            if pos + 8 > n:
+                break
+            pos += 8
+        elif op == 0x2E:  # STOP
+            if sp == 1 and mp == 0:
+                root = stack[0]
+            break
         else:
             break   # anything else (globals, reduce, bytes, persistent ids...): not plain recorder data
         if made >= 0:
