@@ -517,6 +517,20 @@ def file_meta(rank: int, version: str | None, backends: set, comm_lib_version: s
             "comm_lib_version": comm_lib_version, "entry_count": entry_count, "problems": problems}
 
 
+# The group and status rows of a part as Arrow tables (`rows_table`): the Arrow twins of schema.RAW_PG_CONFIG and
+# schema.PG_STATUS (a test keeps them so). A chunk's rows travel to the parent as columns: as tuples, unpickling
+# them and building the frames a value at a time took the parent ~0.1 s at 8,192 ranks, while the workers waited.
+PG_CONFIG_ROWS = pa.schema([("rank", _I64), ("pg_name", _STR), ("pg_desc", _STR), ("ranks_key", pa.uint64())])
+PG_STATUS_ROWS = pa.schema([("rank", _I64), ("pg_id", _I64), ("last_enqueued", _I64), ("last_started", _I64),
+                            ("last_completed", _I64)])
+
+
+def rows_table(rows: list[tuple], schema: pa.Schema) -> pa.Table:
+    """Row tuples (a part's 'pg_config' or 'pg_status') -> a table of `schema`, a column at a time."""
+    columns = list(zip(*rows)) if rows else [()] * len(schema)
+    return pa.table([pa.array(column, type=field.type) for field, column in zip(schema, columns)], schema=schema)
+
+
 def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """Parts (a file's, or a batch of files' from the tape reader) -> one, the entry tables concatenated
     (None when no file has entries)."""

@@ -19,7 +19,7 @@ import pyarrow as pa
 from . import fastflat, tape
 from .discover import DumpFile
 from .errors import FlightrecError
-from .flatten import derive_entries, flatten_dump, merge_parts
+from .flatten import PG_CONFIG_ROWS, PG_STATUS_ROWS, derive_entries, flatten_dump, merge_parts, rows_table
 from .readers import parse_dump_bytes, read_dump_bytes
 
 # Below this much input the tape reader's start by numba's JIT (each worker importing numba and loading the
@@ -120,6 +120,8 @@ def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None, use_tap
 
 def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None, use_tape: bool) -> dict:
     out = merge_parts(_parse_with_tape(items) if use_tape else [_parse_one(path, rank) for path, rank in items])
+    out["pg_config"] = rows_table(out["pg_config"], PG_CONFIG_ROWS)
+    out["pg_status"] = rows_table(out["pg_status"], PG_STATUS_ROWS)
     entries = out["entries"] = derive_entries(out["entries"]) if out["entries"] is not None else None
     if entries is not None and spool is not None:
         # Columns go back through a file the parent memory-maps, not through the result pipe: the parent then

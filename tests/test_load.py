@@ -334,3 +334,13 @@ def test_a_missing_host_is_named_when_every_known_host_has_a_hole_too():
     known = {r: f"node{r // 8:05d}" for r in range(8, 24) if r not in (14, 17)}
     filled = _fill_missing_hosts(known, 24)
     assert [filled[r] for r in (0, 7, 14, 17)] == ["node00000", "node00000", "node00001", "node00002"]
+
+
+def test_the_workers_row_tables_are_the_arrow_twins_of_the_raw_frames():
+    """Workers send groups and statuses as Arrow tables (`flatten.rows_table`), which the parent reads as
+    the raw frames: the two schemas must agree column for column, type for type."""
+    from flightrec.flatten import PG_CONFIG_ROWS, PG_STATUS_ROWS
+    from flightrec.schema import PG_STATUS, RAW_PG_CONFIG
+
+    assert pl.from_arrow(PG_CONFIG_ROWS.empty_table()).schema == RAW_PG_CONFIG
+    assert pl.from_arrow(PG_STATUS_ROWS.empty_table()).schema == PG_STATUS
