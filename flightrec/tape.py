@@ -31,6 +31,8 @@ _walk_one = None
 _u32 = None
 _uint_arg = None
 _text_hash = None
+_open_table = None   # the code tables' helpers (`_open_table_py`, `_claim_py`), inlined where used
+_claim = None
 
 
 def available() -> bool:
@@ -600,6 +602,10 @@ def _compiled(name: str, fn):
     if name not in _helpers:
         import numba
 
+        global _open_table, _claim
+        if _open_table is None:   # (resolved as the pass compiles, at its first call)
+            _open_table = numba.njit(cache=True, nogil=True, inline="always")(_open_table_py)
+            _claim = numba.njit(cache=True, nogil=True, inline="always")(_claim_py)
         _helpers[name] = numba.njit(cache=True, nogil=True)(fn)
     return _helpers[name]
 
@@ -667,22 +673,36 @@ def _distinct_items_py(child, order, start, count, parents, n_obj):
     return out[:n].copy()
 
 
+def _open_table_py(n):
+    """An open hash table to tell `n` things apart by content (a power of two, twice their number): each
+    slot's first thing (-1: empty), code and hash; then each thing's code (-1: none yet) and each code's first
+    thing. (`_shape_codes_py` and `_list_codes_py` fill it: they differ only in what a thing is.)"""
+    size = 2
+    while size < 2 * n:
+        size *= 2
+    return (np.full(size, -1, np.int64), np.empty(size, np.int32), np.empty(size, np.uint64),
+            np.full(n, -1, np.int32), np.empty(n, np.int64))
+
+
+def _claim_py(held, held_code, held_key, codes, reps, slot, i, h, n_codes):
+    """Thing i, of hash h, found no equal: the empty `slot` holds its new code. Returns the count of codes."""
+    held[slot] = i
+    held_code[slot] = n_codes
+    held_key[slot] = h
+    reps[n_codes] = i
+    codes[i] = n_codes
+    return n_codes + 1
+
+
 def _shape_codes_py(outer, inner, values, null):
     """Entries told apart by the shape they hold: entry i (none where `null[i]`, a uint8) has tensors outer[i] to
     outer[i + 1] - 1, tensor k the dims `values[inner[k]:inner[k + 1]]`. Returns each entry's code (-1 where
     null; codes in the order first met) and each code's first entry. A hash finds the candidates in an open
     table, and each is checked dim by dim against the code's first entry: no two shapes ever share a code."""
-    n = null.size
-    size = 2
-    while size < 2 * n:
-        size *= 2
-    held = np.full(size, -1, np.int64)   # slot -> its code's first entry
-    held_code = np.empty(size, np.int32)
-    held_key = np.empty(size, np.uint64)
-    codes = np.full(n, -1, np.int32)
-    reps = np.empty(n, np.int64)
+    held, held_code, held_key, codes, reps = _open_table(null.size)
+    mask = held.size - 1
     n_codes = 0
-    for i in range(n):
+    for i in range(null.size):
         if null[i]:
             continue
         h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(outer[i + 1] - outer[i])
@@ -691,16 +711,11 @@ def _shape_codes_py(outer, inner, values, null):
             for d in range(inner[k], inner[k + 1]):
                 h = (h ^ np.uint64(values[d])) * np.uint64(1099511628211)
         h ^= h >> np.uint64(29)
-        slot = np.int64(h & np.uint64(size - 1))
+        slot = np.int64(h & np.uint64(mask))
         while True:
             r = held[slot]
             if r < 0:
-                held[slot] = i
-                held_code[slot] = n_codes
-                held_key[slot] = h
-                reps[n_codes] = i
-                codes[i] = n_codes
-                n_codes += 1
+                n_codes = _claim(held, held_code, held_key, codes, reps, slot, i, h, n_codes)
                 break
             if held_key[slot] == h and outer[i + 1] - outer[i] == outer[r + 1] - outer[r]:
                 same = True
@@ -718,7 +733,7 @@ def _shape_codes_py(outer, inner, values, null):
                 if same:
                     codes[i] = held_code[slot]
                     break
-            slot = (slot + 1) & (size - 1)
+            slot = (slot + 1) & mask
     return codes, reps[:n_codes].copy()
 
 
@@ -727,17 +742,10 @@ def _list_codes_py(child, order, start, count, lists, code_of_object):
     child[order[start[l]]..], each standing for `code_of_object[item]`. Returns each list's code (-1 where
     none; codes in the order first met) and each code's first index, as `_shape_codes_py` does for shapes, but
     reading the items where the tape holds them (no copy of them laid flat first)."""
-    n = lists.size
-    size = 2
-    while size < 2 * n:
-        size *= 2
-    held = np.full(size, -1, np.int64)   # slot -> its code's first index
-    held_code = np.empty(size, np.int32)
-    held_key = np.empty(size, np.uint64)
-    codes = np.full(n, -1, np.int32)
-    reps = np.empty(n, np.int64)
+    held, held_code, held_key, codes, reps = _open_table(lists.size)
+    mask = held.size - 1
     n_codes = 0
-    for i in range(n):
+    for i in range(lists.size):
         a = lists[i]
         if a < 0:
             continue
@@ -745,16 +753,11 @@ def _list_codes_py(child, order, start, count, lists, code_of_object):
         for j in range(start[a], start[a] + count[a]):
             h = (h ^ np.uint64(code_of_object[child[order[j]]])) * np.uint64(1099511628211)
         h ^= h >> np.uint64(29)
-        slot = np.int64(h & np.uint64(size - 1))
+        slot = np.int64(h & np.uint64(mask))
         while True:
             r = held[slot]
             if r < 0:
-                held[slot] = i
-                held_code[slot] = n_codes
-                held_key[slot] = h
-                reps[n_codes] = i
-                codes[i] = n_codes
-                n_codes += 1
+                n_codes = _claim(held, held_code, held_key, codes, reps, slot, i, h, n_codes)
                 break
             b = lists[r]
             if held_key[slot] == h and count[a] == count[b]:
@@ -766,7 +769,7 @@ def _list_codes_py(child, order, start, count, lists, code_of_object):
                 if same:
                     codes[i] = held_code[slot]
                     break
-            slot = (slot + 1) & (size - 1)
+            slot = (slot + 1) & mask
     return codes, reps[:n_codes].copy()
 
 

@@ -259,6 +259,8 @@ def _compile(name: str, scratch: Path) -> Path:
         tape._text_hash = numba.njit(inline="always")(tape._text_hash_py)
         tape._uint_arg = numba.njit(inline="always")(tape._uint_arg_py)
         tape._walk_one = numba.njit(tape._walk_one_py)
+        tape._open_table = numba.njit(inline="always")(tape._open_table_py)   # (the code tables' helpers)
+        tape._claim = numba.njit(inline="always")(tape._claim_py)
         cc = CC(name)
         cc.output_dir = str(scratch)
         cc.verbose = False
