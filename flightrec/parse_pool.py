@@ -91,7 +91,7 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
             for meta in part["metas"]:
                 meta.update(format="pickle", loaded=True)
             parts.append(part)
-        taken = set(read) if part is not None else set()
+        taken = set(read)
         left.update(batch[j] for j in range(len(batch)) if j not in taken)
     parts.extend(_parse_one(*item, left[item]) for item in items if item in left)
     return parts
