@@ -344,3 +344,48 @@ def test_the_workers_row_tables_are_the_arrow_twins_of_the_raw_frames():
 
     assert pl.from_arrow(PG_CONFIG_ROWS.empty_table()).schema == RAW_PG_CONFIG
     assert pl.from_arrow(PG_STATUS_ROWS.empty_table()).schema == PG_STATUS
+
+
+def test_chunks_cover_the_files_in_rank_order_and_shrink_towards_the_end():
+    """The pool's chunks (`parse_pool._chunks`): every file once, in order; none over CHUNK_BYTES (a bigger file
+    alone); towards the end each at most 1 / (2 x workers) of what is left, down to TAIL_BYTES, so the workers
+    finish together."""
+    from pathlib import Path
+
+    from flightrec import parse_pool
+    from flightrec.discover import DumpFile
+
+    mb = 1 << 20
+    sizes = [mb] * 700 + [parse_pool.CHUNK_BYTES * 2] + [mb // 2] * 300
+    files = [DumpFile(path=Path(f"r{i}"), rank=i, host=None, size=s, mtime_ns=0) for i, s in enumerate(sizes)]
+    chunks = parse_pool._chunks(files, 16, workers=2)
+    assert [rank for chunk in chunks for _, rank in chunk] == list(range(len(files)))
+    held = [sum(sizes[rank] for _, rank in chunk) for chunk in chunks]
+    assert all(h <= parse_pool.CHUNK_BYTES or len(c) == 1 for h, c in zip(held, chunks))
+    left = sum(sizes)
+    for h, chunk in zip(held, chunks):
+        if len(chunk) > 1:   # (a chunk ends before the file that would take it past its share of what is left)
+            assert h - sizes[chunk[-1][1]] < max(min(parse_pool.CHUNK_BYTES, left // 4), parse_pool.TAIL_BYTES)
+        left -= h
+    assert held[-2] < held[0] / 4 and held[-2] >= parse_pool.TAIL_BYTES
+
+
+def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
+    """`parse_pool._read_batches`: pickles in order, in batches under the limit (a bigger file alone), each
+    read as its batch is taken; JSON and unreadable files are left aside, with their bytes or None."""
+    from flightrec import parse_pool
+
+    items = []
+    for i, data in enumerate([b"\x80" + b"p" * 99, b"\x80" + b"p" * 99, b'{"entries": []}', b"\x80" + b"p" * 299,
+                              b"\x80" + b"p" * 49]):
+        (tmp_path / f"rank_{i}").write_bytes(data)
+        items.append((str(tmp_path / f"rank_{i}"), i))
+    items.append((str(tmp_path / "rank_9"), 9))   # (no such file)
+    left: dict = {}
+    batches = parse_pool._read_batches(items, 250, left)
+    first = next(batches)
+    # (read so far: up to the pickle that starts the next batch, not the rest of the chunk)
+    assert [rank for (_, rank), _ in first] == [0, 1] and left == {items[2]: b'{"entries": []}'}
+    rest = list(batches)
+    assert [[rank for (_, rank), _ in batch] for batch in rest] == [[3], [4]]
+    assert left == {items[2]: b'{"entries": []}', items[5]: None}
