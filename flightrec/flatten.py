@@ -382,11 +382,24 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         i = table.schema.get_field_index(name)
         if not pa.types.is_dictionary(table.schema.field(i).type):
             table = table.set_column(i, name, pc.dictionary_encode(table[name]))
-    return table
+    return table if table.schema == DERIVED_ENTRIES else table.cast(DERIVED_ENTRIES)
 
 
 _CATEGORICAL = ("pg_name", "pg_desc", "op", "profiling_name", "state", "input_sizes", "output_sizes",
                 "input_dtypes", "output_dtypes", "thread_id", "thread_name")
+_TEXT = pa.dictionary(pa.int32(), _STR)
+
+# What `derive_entries` hands over, whatever the chunk held: the parent gathers chunks column by column
+# (`one_chunk`), so every chunk's types are these.
+DERIVED_ENTRIES = pa.schema([
+    ("rank", _I64), ("pg_name", _TEXT), ("pg_desc", _TEXT), ("pg_id", _I64), ("record_id", _I64),
+    ("collective_seq_id", _I64), ("p2p_seq_id", _I64), ("op_id", _I64), ("op", _TEXT), ("profiling_name", _TEXT),
+    ("is_p2p", _BOOL), ("peer_local", _I32), ("state", _TEXT), ("retired", _BOOL), ("timeout_ms", _I32),
+    ("time_created_ns", _I64), ("time_started_ns", _I64), ("time_completed_ns", _I64),
+    ("duration_ms", pa.float32()), ("input_sizes", _TEXT), ("output_sizes", _TEXT), ("input_dtypes", _TEXT),
+    ("output_dtypes", _TEXT), ("input_numel", _I64), ("output_numel", _I64), ("thread_id", _TEXT),
+    ("thread_name", _TEXT), ("stack_id", pa.uint64()),
+])
 
 
 def _list_get(lists: pa.ChunkedArray, i: int) -> pa.Array:

@@ -19,7 +19,16 @@ import pyarrow as pa
 from . import fastflat, tape
 from .discover import DumpFile
 from .errors import FlightrecError
-from .flatten import PG_CONFIG_ROWS, PG_STATUS_ROWS, derive_entries, flatten_dump, merge_parts, rows_table
+from .flatten import (
+    DERIVED_ENTRIES,
+    PG_CONFIG_ROWS,
+    PG_STATUS_ROWS,
+    derive_entries,
+    flatten_dump,
+    merge_parts,
+    rows_table,
+)
+from .one_chunk import OneChunkTable
 from .readers import parse_dump_bytes, read_dump_bytes
 
 # Below this much input the tape reader's start by numba's JIT (each worker importing numba and loading the
@@ -198,34 +207,62 @@ def _use_tape(reader: str, total_bytes: int, built: bool) -> bool:
 def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress: Callable[[int, int], None] | None,
               spool: str | None = None) -> list[dict]:
     """Every file parsed into per-chunk tables, by `workers` processes (default: one per core); `reader` as in
-    `LoadOptions`; `progress(done_files, total_files)` as chunks come back; entries through `spool` files."""
+    `LoadOptions`; `progress(done_files, total_files)` as chunks come back; entries through `spool` files.
+    Up to ONE_CHUNK_MAX_INPUT of input, every chunk's entries are gathered as they come into one table, handed
+    back in the first result's "entries" (the others' are None)."""
     workers = workers or os.cpu_count() or 1
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
     chunks = _chunks(files, max(1, min(len(files), workers * 8)), workers)
+    total_bytes = sum(f.size for f in files)
     built = tape.built()
-    use_tape = _use_tape(reader, sum(f.size for f in files), built)
+    use_tape = _use_tape(reader, total_bytes, built)
     if use_tape and not built:
         warnings.warn(JIT_START_HINT, stacklevel=2)
+    gathered = OneChunkTable(DERIVED_ENTRIES) if total_bytes <= ONE_CHUNK_MAX_INPUT else None
     results: list[dict] = []
     done = 0
+
+    def collect(chunk: list, result: dict) -> None:
+        nonlocal done
+        entries = result["entries"]
+        if gathered is not None and entries is not None:
+            _gather(gathered, entries)
+            result["entries"] = None
+        results.append(result)
+        done += len(chunk)
+        if progress:
+            progress(done, len(files))
+
     if workers == 1 or len(files) < 8:
         for chunk in chunks:
-            results.append(_parse_chunk(chunk, None, use_tape))  # in-process: the table stays in memory
-            done += len(chunk)
-            if progress:
-                progress(done, len(files))
-        return results
-    # Workers only unpickle and build Arrow arrays (no Polars, whose thread pool is not fork-safe), so fork is
-    # safe and starts instantly; spawn would re-import everything and re-run unguarded user scripts.
-    ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    # Each worker loads the compiled reader itself, all at once (`_start_worker`): loaded in this process
-    # before the fork it was ~0.9 s of one core while the others waited.
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker,
-                             initargs=(use_tape,)) as pool:
-        for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks),
-                                                  [use_tape] * len(chunks))):
-            results.append(result)
-            done += len(chunk)
-            if progress:
-                progress(done, len(files))
+            collect(chunk, _parse_chunk(chunk, None, use_tape))  # in-process: the table stays in memory
+    else:
+        # Workers only unpickle and build Arrow arrays (no Polars, whose thread pool is not fork-safe), so fork
+        # is safe and starts instantly; spawn would re-import everything and re-run unguarded user scripts.
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+        # Each worker loads the compiled reader itself, all at once (`_start_worker`): loaded in this process
+        # before the fork it was ~0.9 s of one core while the others waited.
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker,
+                                 initargs=(use_tape,)) as pool:
+            for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks),
+                                                      [use_tape] * len(chunks))):
+                collect(chunk, result)
+    if gathered is not None and gathered.rows:
+        results[0]["entries"] = gathered.finish()
     return results
+
+
+# Up to this much input the parent gathers the entries into one chunk per column as the pool goes
+# (`one_chunk`): the spool files' pages are reused, and the columns need no copy into one chunk later.
+# Above it (16,384 x 2,000 is 10 GB) they stay in the spool files, memory-mapped: pages the system can evict.
+ONE_CHUNK_MAX_INPUT = 4 << 30
+
+
+def _gather(gathered: OneChunkTable, entries: pa.Table | str) -> None:
+    """Copy a chunk's entries (a table, or a spool file then removed) into the gathered columns."""
+    if isinstance(entries, pa.Table):
+        gathered.add(entries)
+        return
+    with pa.memory_map(entries, "r") as source:
+        gathered.add(pa.ipc.open_file(source).read_all())
+    os.remove(entries)

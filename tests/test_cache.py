@@ -117,6 +117,7 @@ def test_entries_fall_back_to_the_spool_when_the_cache_vanishes(make_job, tmp_pa
     its own spool files, still as one chunk."""
     load_module = importlib.import_module("flightrec.load")
     monkeypatch.setattr(load_module, "SPILL_BYTES", 0)
+    monkeypatch.setattr(importlib.import_module("flightrec.parse_pool"), "ONE_CHUNK_MAX_INPUT", 0)  # (big input)
     real_write = load_module._cache.write
 
     def write_then_lose(raw, files, root, options):

@@ -196,12 +196,16 @@ def test_recorder_1_4_pg_config_lists(tmp_path):
     assert report.culprits["ranks"] == [2] and report.root_causes[0].collective_seq_id == 3
 
 
+@pytest.mark.parametrize("gathered", [True, False])
 @pytest.mark.parametrize("spill", [False, True])
 @pytest.mark.parametrize("use_cache", [False, True])
-def test_worker_batches_come_back_as_one_chunk(make_job, tmp_path, monkeypatch, use_cache, spill):
-    """Workers hand over one batch of entries each; the trace holds one chunk per column (big entries read
-    back from the cache or a spool file, small ones copied in memory), with the same rows as in-process."""
+def test_worker_batches_come_back_as_one_chunk(make_job, tmp_path, monkeypatch, use_cache, spill, gathered):
+    """Workers hand over one batch of entries each; the trace holds one chunk per column (gathered as they
+    come; or, from big input, read back from the cache or a spool file when big, copied in memory when small),
+    with the same rows as in-process."""
     monkeypatch.setattr(importlib.import_module("flightrec.load"), "SPILL_BYTES", 0 if spill else 1 << 60)
+    monkeypatch.setattr(importlib.import_module("flightrec.parse_pool"), "ONE_CHUNK_MAX_INPUT",
+                        1 << 60 if gathered else 0)
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=4, steps=3))
     pooled = load(out, LoadOptions(use_cache=use_cache, cache_dir=tmp_path / "cache", workers=2))
     assert set(pooled.entries.n_chunks("all")) == {1}
@@ -389,3 +393,18 @@ def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
     rest = list(batches)
     assert [[rank for (_, rank), _ in batch] for batch in rest] == [[3], [4]]
     assert left == {items[2]: b'{"entries": []}', items[5]: None}
+
+
+@pytest.mark.parametrize("case", ["healthy", "healthy_json", "skip_collective", "writer_sharing", "rolled_past_dp"])
+@pytest.mark.parametrize("use_tape", [False, True])
+def test_every_chunk_of_entries_has_the_one_derived_schema(case, use_tape):
+    """The parent gathers the workers' chunks column by column (`one_chunk`): whatever a chunk held (JSON,
+    pickles through either reader, recorder versions with columns absent), its entries have DERIVED_ENTRIES."""
+    from flightrec import parse_pool
+    from flightrec.discover import discover
+    from flightrec.flatten import DERIVED_ENTRIES
+
+    from .conftest import FIXTURES
+    files = discover(FIXTURES / case, None)
+    result = parse_pool._parse_chunk([(str(f.path), f.rank) for f in files], None, use_tape)
+    assert result["entries"].num_rows > 0 and result["entries"].schema.equals(DERIVED_ENTRIES)

@@ -1,0 +1,148 @@
+"""The workers' entries, copied into one chunk per column as each chunk of files comes back from the pool.
+
+Why: on a VM every page a process touches for the first time can cost a trip to the host (~16 us for 4 KB
+on the machine in bench/README.md, 30x a recycled page). The pool's entries used to pass through fresh pages
+twice: the workers' spool files (page cache, kept until the end) and the parent's copy of them into one chunk
+per column (`assemble`). Here the parent copies each spool file into its columns as soon as it arrives and
+removes it, so the next spool files reuse those pages; the one-chunk columns are then the only new memory.
+
+Columns grow by `mremap` (an anonymous map's resize moves pages, never copies them) and are handed to Arrow
+without a copy. Text columns come as dictionaries, one per chunk: their indices are mapped to one dictionary
+for the whole job, a few hundred texts a chunk, vectorized over the rows.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+import pyarrow as pa
+
+_PAGE = mmap.PAGESIZE
+
+
+class _Growing:
+    """One growable anonymous buffer of `dtype` items."""
+
+    def __init__(self, dtype: np.dtype, capacity: int):
+        self.dtype = np.dtype(dtype)
+        self.capacity = 0
+        # (private: a shared anonymous map is a shmem file of fixed size, which mremap cannot grow)
+        self.map = mmap.mmap(-1, _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.reserve(capacity)
+
+    def reserve(self, items: int) -> None:
+        if items <= self.capacity:
+            return
+        items = max(items, 2 * self.capacity)
+        size = -(-max(1, items * self.dtype.itemsize) // _PAGE) * _PAGE
+        self.map.resize(size)   # (no view of it may be alive here: a resize with exports raises)
+        self.capacity = size // self.dtype.itemsize
+
+    def write(self, at: int, values: np.ndarray) -> None:
+        self.reserve(at + len(values))
+        view = np.frombuffer(self.map, dtype=self.dtype, count=at + len(values))
+        view[at:] = values
+        del view
+
+    def fill(self, at: int, end: int, value) -> None:
+        self.reserve(end)
+        view = np.frombuffer(self.map, dtype=self.dtype, count=end)
+        view[at:end] = value
+        del view
+
+    def array(self, n: int) -> np.ndarray:
+        """The first n items, as a view (the buffer can't grow after this)."""
+        return np.frombuffer(self.map, dtype=self.dtype, count=n)
+
+
+class _Column:
+    """One column of a fixed Arrow type: values (int32 codes for a dictionary), validity bytes made only once
+    a null is seen, and for text the job-wide dictionary."""
+
+    def __init__(self, type_: pa.DataType, capacity: int):
+        self.type = type_
+        self.text = pa.types.is_dictionary(type_)
+        if self.text:
+            dtype = np.int32
+            self.codes: dict = {}
+        elif pa.types.is_boolean(type_):
+            dtype = np.uint8
+        else:
+            dtype = type_.to_pandas_dtype()
+        self.values = _Growing(dtype, capacity)
+        self.valid: _Growing | None = None
+
+    def add(self, at: int, arr: pa.Array) -> None:
+        n = len(arr)
+        valid = None if arr.null_count == 0 else np.asarray(arr.is_valid())
+        if self.text:
+            words = arr.dictionary.to_pylist()
+            mapped = np.fromiter((-1 if w is None else self.codes.setdefault(w, len(self.codes)) for w in words),
+                                 dtype=np.int32, count=len(words))
+            indices = arr.indices
+            raw = _raw(indices.fill_null(0) if indices.null_count else indices)
+            codes = mapped[raw] if len(mapped) else np.zeros(n, np.int32)
+            if len(mapped) and (mapped < 0).any():   # (a null among the dictionary's values)
+                valid = (codes >= 0) if valid is None else valid & (codes >= 0)
+                codes = np.maximum(codes, 0)
+            self.values.write(at, codes)
+        elif pa.types.is_boolean(self.type):
+            self.values.write(at, np.asarray(arr.fill_null(False)).view(np.uint8))
+        else:
+            self.values.write(at, _raw(arr))
+        if valid is not None:
+            if self.valid is None:
+                self.valid = _Growing(np.uint8, self.values.capacity)
+                self.valid.fill(0, at, 1)
+            self.valid.write(at, valid.view(np.uint8))
+        elif self.valid is not None:
+            self.valid.fill(at, at + n, 1)
+
+    def finish(self, n: int) -> pa.Array:
+        validity = None if self.valid is None else pa.py_buffer(_bits(self.valid.array(n)))
+        values = self.values.array(n)
+        if self.text:
+            indices = pa.Array.from_buffers(pa.int32(), n, [validity, pa.py_buffer(values)])
+            return pa.DictionaryArray.from_arrays(indices, pa.array(list(self.codes), self.type.value_type))
+        if pa.types.is_boolean(self.type):
+            return pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(_bits(values))])
+        return pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(values)])
+
+
+def _raw(arr: pa.Array) -> np.ndarray:
+    """A fixed-width array's values as numpy, without a copy; what lies under its nulls is left as is."""
+    dtype = np.dtype(arr.type.to_pandas_dtype())
+    return np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + len(arr))[arr.offset:]
+
+
+def _bits(flags: np.ndarray) -> np.ndarray:
+    return np.packbits(flags.view(bool), bitorder="little")
+
+
+class OneChunkTable:
+    """Tables of `schema` appended in order, held as one chunk per column.
+
+    add(table) copies a table in (it can be freed or unmapped right after); finish() returns every row added,
+    as a `pa.Table` of `schema`. Text is a dictionary<int32, string> column: each table's own dictionary is
+    mapped to one for all."""
+
+    def __init__(self, schema: pa.Schema, capacity_rows: int = 1 << 16):
+        for field in schema:
+            if pa.types.is_dictionary(field.type) and field.type.index_type != pa.int32():
+                raise ValueError(f"{field.name}: dictionary columns are gathered with int32 indices")
+        self.schema = schema
+        self.columns = [_Column(field.type, capacity_rows) for field in schema]
+        self.rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        if not table.schema.equals(self.schema):
+            raise ValueError(f"a table of schema {table.schema} added to columns of {self.schema}")
+        table = table.combine_chunks()
+        for column, values in zip(self.columns, table.columns):
+            if values.num_chunks:
+                column.add(self.rows, values.chunk(0))
+        self.rows += table.num_rows
+
+    def finish(self) -> pa.Table:
+        return pa.table([c.finish(self.rows) for c in self.columns], schema=self.schema)
