@@ -14,6 +14,7 @@ from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
 from .locate import Location, locate
 from .match import Matching, match, written_only_active
+from .parse_pool import paused_gc
 from .report import DumpSummary, Finding, Report
 from .rootcause import diagnose
 from .timing import TimingOptions, TimingResult, analyze_timing
@@ -127,14 +128,15 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
                              f"(here, {os.path.dirname(os.path.abspath(path))}); to read one dump, use "
                              "`flightrec entries` or `flightrec load`")
 
-    stage("loading dumps")
-    trace = load(path, options.load)
-    topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, hosts_file=options.hosts_file,
-                   ranks_per_host=options.ranks_per_host, topology_file=options.topology_file)
-    stage("matching collectives")
-    m = run_match(trace, options.pg)
-    stage("following waits and reading timestamps")
-    w, _, timing, verdict, summary, findings, timing_findings = diagnose_matched(trace, m, topo, options.timing)
+    with paused_gc():   # (few objects with cycles are made; a full collection would scan them all, per file)
+        stage("loading dumps")
+        trace = load(path, options.load)
+        topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, hosts_file=options.hosts_file,
+                       ranks_per_host=options.ranks_per_host, topology_file=options.topology_file)
+        stage("matching collectives")
+        m = run_match(trace, options.pg)
+        stage("following waits and reading timestamps")
+        w, _, timing, verdict, summary, findings, timing_findings = diagnose_matched(trace, m, topo, options.timing)
     # (the caveats that hold whatever else is found come after what was found)
     caveats = [f for f in findings if f.kind == "world_size_unknown"]
     findings = [f for f in findings if f.kind != "world_size_unknown"] + timing_findings + caveats

@@ -506,7 +506,8 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
         raw = read_shards(shards)  # converted next to the job: Parquet only, no pickle to parse
         _warn_unconverted(path, shards, options.prefix)
     else:
-        raw = load_raw(path, options)
+        with parse_pool.paused_gc():
+            raw = load_raw(path, options)
 
     for rank, problems in zip(raw["dumps"]["rank"].to_list(), raw["dumps"]["problems"].to_list()):
         for problem in problems:

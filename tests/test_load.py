@@ -408,3 +408,30 @@ def test_every_chunk_of_entries_has_the_one_derived_schema(case, use_tape):
     files = discover(FIXTURES / case, None)
     result = parse_pool._parse_chunk([(str(f.path), f.rank) for f in files], None, use_tape)
     assert result["entries"].num_rows > 0 and result["entries"].schema.equals(DERIVED_ENTRIES)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_garbage_collector_is_paused_while_loading_and_left_as_it_was(make_job, enabled, monkeypatch):
+    """Loading and analysing pause the cyclic collector (full scans of every object, per file listed), and
+    leave it as the caller had it."""
+    import gc
+
+    from flightrec import analyze
+    seen = []
+    real_parse = importlib.import_module("flightrec.load")._parse_all
+
+    def parse_noting_gc(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real_parse(*args, **kwargs)
+
+    monkeypatch.setattr(importlib.import_module("flightrec.load"), "_parse_all", parse_noting_gc)
+    out, _ = make_job(synth.Job(tp=2, pp=1, dp=2, steps=2))
+    (gc.enable if enabled else gc.disable)()
+    try:
+        load(out, LoadOptions(use_cache=False))
+        assert gc.isenabled() is enabled
+        analyze(out, use_cache=False)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
+    assert seen == [False, False]
