@@ -59,8 +59,10 @@ def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
 
 
 # The tape's tables take ~10 bytes per byte of input: files go through it a few MB at a time (enough to spread
-# its per-call numpy work over dozens of 200-entry files), so a worker's memory stays bounded.
-_TAPE_BATCH_BYTES = 8 << 20
+# its per-call numpy work over dozens of 200-entry files), so a worker's memory stays bounded. 4 MB, not 8: as
+# fast once the worker's memory is there (0.421 vs 0.429 ms a file, 8,192 x 200 dumps), and 40% less of it to
+# touch the first time (a chunk: 53 vs 90 MB of fresh pages; the pool's workers: 57K vs 83K page faults).
+_TAPE_BATCH_BYTES = 4 << 20
 
 
 def _read_batches(items: list[tuple[str, int]], limit: int, left: dict):
