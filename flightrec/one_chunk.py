@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 _PAGE = mmap.PAGESIZE
+_NARROW_CODES = 1 << 16
 
 
 class _Growing:
@@ -57,14 +58,15 @@ class _Growing:
 
 
 class _Column:
-    """One column of a fixed Arrow type: values (int32 codes for a dictionary), validity bytes made only once
-    a null is seen, and for text the job-wide dictionary."""
+    """One column of a fixed Arrow type: values, validity bytes made only once a null is seen, and for text
+    the job-wide dictionary and each row's code in it: two bytes while it holds up to 65,536 texts (the entries'
+    text columns hold a few hundred), four past that."""
 
     def __init__(self, type_: pa.DataType, capacity: int):
         self.type = type_
         self.text = pa.types.is_dictionary(type_)
         if self.text:
-            dtype = np.int32
+            dtype = np.uint16
             self.codes: dict = {}
         elif pa.types.is_boolean(type_):
             dtype = np.uint8
@@ -86,7 +88,9 @@ class _Column:
             if len(mapped) and (mapped < 0).any():   # (a null among the dictionary's values)
                 valid = (codes >= 0) if valid is None else valid & (codes >= 0)
                 codes = np.maximum(codes, 0)
-            self.values.write(at, codes)
+            if len(self.codes) > _NARROW_CODES and self.values.dtype != np.int32:
+                self._widen(at)
+            self.values.write(at, codes.astype(self.values.dtype, copy=False))
         elif pa.types.is_boolean(self.type):
             self.values.write(at, np.asarray(arr.fill_null(False)).view(np.uint8))
         else:
@@ -99,11 +103,19 @@ class _Column:
         elif self.valid is not None:
             self.valid.fill(at, at + n, 1)
 
+    def _widen(self, rows: int) -> None:
+        """Codes of four bytes from now on, the first `rows` copied over."""
+        wide = _Growing(np.int32, self.values.capacity)
+        narrow = self.values.array(rows)
+        wide.write(0, narrow)
+        del narrow
+        self.values = wide
+
     def finish(self, n: int) -> pa.Array:
         validity = None if self.valid is None else pa.py_buffer(_bits(self.valid.array(n)))
         values = self.values.array(n)
         if self.text:
-            indices = pa.Array.from_buffers(pa.int32(), n, [validity, pa.py_buffer(values)])
+            indices = pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), n, [validity, pa.py_buffer(values)])
             return pa.DictionaryArray.from_arrays(indices, pa.array(list(self.codes), self.type.value_type))
         if pa.types.is_boolean(self.type):
             return pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(_bits(values))])
@@ -124,8 +136,8 @@ class OneChunkTable:
     """Tables of `schema` appended in order, held as one chunk per column.
 
     add(table) copies a table in (it can be freed or unmapped right after); finish() returns every row added,
-    as a `pa.Table` of `schema`. Text is a dictionary<int32, string> column: each table's own dictionary is
-    mapped to one for all."""
+    as a `pa.Table` with the columns of `schema`. Text is a dictionary<int32, string> column: each table's own
+    dictionary is mapped to one for all, whose indices come back as uint16 where it holds up to 65,536 texts."""
 
     def __init__(self, schema: pa.Schema, capacity_rows: int = 1 << 16):
         for field in schema:
@@ -145,4 +157,4 @@ class OneChunkTable:
         self.rows += table.num_rows
 
     def finish(self) -> pa.Table:
-        return pa.table([c.finish(self.rows) for c in self.columns], schema=self.schema)
+        return pa.table([c.finish(self.rows) for c in self.columns], names=self.schema.names)

@@ -53,9 +53,10 @@ def test_gathered_tables_read_as_their_concatenation(parts, capacity):
     out = gathered.finish()
     out.validate(full=True)
     word = out.column("word").chunk(0)   # every index is in range, even under a null (readers may not check)
-    raw = np.frombuffer(word.indices.buffers()[1], np.int32, count=len(word)) if len(word) else np.zeros(0)
+    assert word.type.index_type == pa.uint16()   # (two bytes a row while the dictionary is small)
+    raw = np.frombuffer(word.indices.buffers()[1], np.uint16, count=len(word)) if len(word) else np.zeros(0)
     assert ((raw >= 0) & (raw < max(1, len(word.dictionary)))).all()
-    assert out.schema.equals(SCHEMA) and all(c.num_chunks == 1 for c in out.columns)
+    assert out.schema.names == SCHEMA.names and all(c.num_chunks == 1 for c in out.columns)
     assert _plain(out) == [row for t in tables for row in _plain(t)]
     words = out.column("word").chunk(0).dictionary.to_pylist()
     assert len(words) == len(set(words)) and None not in words   # one entry per text, for the whole job
@@ -80,3 +81,18 @@ def test_a_table_of_other_columns_is_refused():
         gathered.add(pa.table({"n": pa.array([1], pa.int64())}))
     with pytest.raises(ValueError, match="int32 indices"):
         OneChunkTable(pa.schema([("w", pa.dictionary(pa.int8(), pa.string()))]))
+
+
+def test_codes_widen_to_four_bytes_past_65536_texts():
+    """A text column whose dictionary outgrows two-byte codes mid-way keeps every row: the codes so far are
+    copied into four-byte ones."""
+    many = [f"shape-{i}" for i in range(70_000)]
+    first = [(i, None, None, None, None, "send") for i in range(5)]
+    second = [(i, None, None, None, None, w) for i, w in enumerate(many)]
+    gathered = OneChunkTable(SCHEMA, capacity_rows=8)
+    tables = [_table(first), _table(second), _table(first)]
+    for table in tables:
+        gathered.add(table)
+    out = gathered.finish()
+    assert out.column("word").type.index_type == pa.int32()
+    assert _plain(out) == [row for t in tables for row in _plain(t)]
