@@ -263,7 +263,7 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
 
 # Up to this much input the parent gathers the entries into one chunk per column as the pool goes
 # (`one_chunk`): the spool files' pages are reused, and the columns need no copy into one chunk later.
-# Above it (16,384 x 2,000 is 10 GB) they stay in the spool files, memory-mapped: pages the system can evict.
+# Above it (16,384 x 2,000 is 8.5 GB) they stay in the spool files, memory-mapped: pages the system can evict.
 ONE_CHUNK_MAX_INPUT = 4 << 30
 
 
