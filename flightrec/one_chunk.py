@@ -6,9 +6,10 @@ twice: the workers' spool files (page cache, kept until the end) and the parent'
 per column (`assemble`). Here the parent copies each spool file into its columns as soon as it arrives and
 removes it, so the next spool files reuse those pages; the one-chunk columns are then the only new memory.
 
-Columns grow by `mremap` (an anonymous map's resize moves pages, never copies them) and are handed to Arrow
-without a copy. Text columns come as dictionaries, one per chunk: their indices are mapped to one dictionary
-for the whole job, a few hundred texts a chunk, vectorized over the rows.
+Columns grow by `mremap` where the system has it (Linux: an anonymous map's resize moves pages, never copies
+them; elsewhere a bigger map is made and the old one copied in) and are handed to Arrow without a copy. Text
+columns come as dictionaries, one per chunk: their indices are mapped to one dictionary for the whole job, a
+few hundred texts a chunk, vectorized over the rows.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ class _Growing:
     def __init__(self, dtype: np.dtype, capacity: int):
         self.dtype = np.dtype(dtype)
         self.capacity = 0
-        # (private: a shared anonymous map is a shmem file of fixed size, which mremap cannot grow)
-        self.map = mmap.mmap(-1, _PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.map = _anonymous(_PAGE)
         self.reserve(capacity)
 
     def reserve(self, items: int) -> None:
@@ -37,7 +37,7 @@ class _Growing:
             return
         items = max(items, 2 * self.capacity)
         size = -(-max(1, items * self.dtype.itemsize) // _PAGE) * _PAGE
-        self.map.resize(size)   # (no view of it may be alive here: a resize with exports raises)
+        self.map = _grown(self.map, size)   # (no view of it may be alive here: a resize with exports raises)
         self.capacity = size // self.dtype.itemsize
 
     def write(self, at: int, values: np.ndarray) -> None:
@@ -120,6 +120,31 @@ class _Column:
         if pa.types.is_boolean(self.type):
             return pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(_bits(values))])
         return pa.Array.from_buffers(self.type, n, [validity, pa.py_buffer(values)])
+
+
+def _anonymous(size: int) -> mmap.mmap:
+    """Zeroed memory of `size` bytes whose pages are taken only as they are first written."""
+    if hasattr(mmap, "MAP_PRIVATE"):
+        # (private: a shared anonymous map is a shmem file of fixed size, which mremap cannot grow)
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mmap.mmap(-1, size)   # (Windows)
+
+
+def _grown(old: mmap.mmap, size: int) -> mmap.mmap:
+    """`old` grown to `size` bytes: in place where the system resizes maps (mremap), else a new map with
+    `old`'s bytes copied in (macOS has no mremap: Python raises SystemError)."""
+    try:
+        old.resize(size)
+        return old
+    except (SystemError, OSError):
+        return _copied(old, size)
+
+
+def _copied(old: mmap.mmap, size: int) -> mmap.mmap:
+    new = _anonymous(size)
+    new[:len(old)] = old
+    old.close()
+    return new
 
 
 def _raw(arr: pa.Array) -> np.ndarray:

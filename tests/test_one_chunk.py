@@ -41,13 +41,14 @@ def _plain(table: pa.Table) -> list[dict]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.lists(ROW, max_size=40), st.booleans()), max_size=6), st.integers(1, 64))
+@given(st.lists(st.tuples(st.lists(ROW, max_size=40), st.booleans(), st.integers(1, 60)), max_size=6),
+       st.integers(1, 64))
 def test_gathered_tables_read_as_their_concatenation(parts, capacity):
     """Any tables of the schema, nulls anywhere (in values or in a dictionary), each with its own dictionary,
-    gathered from a tiny start (so the columns grow many times) read as the tables one after another, in one
-    chunk per column."""
+    gathered from the smallest start (a page a column; tables of up to 2,400 rows, so columns grow with rows
+    in them) read as the tables one after another, in one chunk per column."""
     gathered = OneChunkTable(SCHEMA, capacity_rows=capacity)
-    tables = [_table(rows, null_in_dictionary) for rows, null_in_dictionary in parts]
+    tables = [_table(rows * repeat, null_in_dictionary) for rows, null_in_dictionary, repeat in parts]
     for table in tables:
         gathered.add(table)
     out = gathered.finish()
@@ -96,3 +97,20 @@ def test_codes_widen_to_four_bytes_past_65536_texts():
     out = gathered.finish()
     assert out.column("word").type.index_type == pa.int32()
     assert _plain(out) == [row for t in tables for row in _plain(t)]
+
+
+def test_columns_grow_by_copying_where_maps_cannot_be_resized(monkeypatch):
+    """Where the system has no mremap (macOS: Python's resize raises SystemError), a column grows into a new
+    map with the old one copied in, and reads the same."""
+    from flightrec import one_chunk
+
+    def no_mremap(old, size):
+        return one_chunk._copied(old, size)
+
+    monkeypatch.setattr(one_chunk, "_grown", no_mremap)
+    rows = [(i, i, float(i), i, i % 2 == 0, ["send", "recv", None][i % 3]) for i in range(5000)]
+    gathered = OneChunkTable(SCHEMA, capacity_rows=1)
+    tables = [_table(rows[:700]), _table(rows[700:3000]), _table(rows[3000:])]   # (grown with rows in: 8 KB+)
+    for table in tables:
+        gathered.add(table)
+    assert _plain(gathered.finish()) == [row for t in tables for row in _plain(t)]
