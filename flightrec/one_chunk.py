@@ -42,18 +42,14 @@ class _Growing:
 
     def write(self, at: int, values: np.ndarray) -> None:
         self.reserve(at + len(values))
-        view = np.frombuffer(self.map, dtype=self.dtype, count=at + len(values))
-        view[at:] = values
-        del view
+        self.array(at + len(values))[at:] = values   # (the view is dropped at once: the map can grow again)
 
     def fill(self, at: int, end: int, value) -> None:
         self.reserve(end)
-        view = np.frombuffer(self.map, dtype=self.dtype, count=end)
-        view[at:end] = value
-        del view
+        self.array(end)[at:end] = value
 
     def array(self, n: int) -> np.ndarray:
-        """The first n items, as a view (the buffer can't grow after this)."""
+        """The first n items, as a view (the buffer can't grow while it is alive)."""
         return np.frombuffer(self.map, dtype=self.dtype, count=n)
 
 
@@ -106,9 +102,7 @@ class _Column:
     def _widen(self, rows: int) -> None:
         """Codes of four bytes from now on, the first `rows` copied over."""
         wide = _Growing(np.int32, self.values.capacity)
-        narrow = self.values.array(rows)
-        wide.write(0, narrow)
-        del narrow
+        wide.write(0, self.values.array(rows))
         self.values = wide
 
     def finish(self, n: int) -> pa.Array:
