@@ -10,6 +10,8 @@ import ctypes
 import gc
 import multiprocessing
 import os
+import shutil
+import tempfile
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -115,10 +117,12 @@ def _refused(rank: int, reason: str) -> dict:
     return {"metas": [meta], "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
 
 
-def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None, use_tape: bool = False) -> dict:
-    """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces."""
+def _parse_chunk(items: list[tuple[str, int]], spool: str | None = None, use_tape: bool = False,
+                 memory_spool: str | None = None) -> dict:
+    """Worker: a chunk of files -> one set of tables, so results cross the process boundary in few pieces.
+    Entries go back through a file in `memory_spool` where it has room, else in `spool` (`_spool_entries`)."""
     with paused_gc():
-        return _parse_chunk_inner(items, spool, use_tape)
+        return _parse_chunk_inner(items, [p for p in (memory_spool, spool) if p is not None], use_tape)
 
 
 @contextlib.contextmanager
@@ -136,19 +140,53 @@ def paused_gc():
             gc.enable()
 
 
-def _parse_chunk_inner(items: list[tuple[str, int]], spool: str | None, use_tape: bool) -> dict:
+def _parse_chunk_inner(items: list[tuple[str, int]], spools: list[str], use_tape: bool) -> dict:
     out = merge_parts(_parse_with_tape(items) if use_tape else [_parse_one(path, rank) for path, rank in items])
     out["pg_config"] = rows_table(out["pg_config"], PG_CONFIG_ROWS)
     out["pg_status"] = rows_table(out["pg_status"], PG_STATUS_ROWS)
     entries = out["entries"] = derive_entries(out["entries"]) if out["entries"] is not None else None
-    if entries is not None and spool is not None:
+    if entries is not None and spools:
         # Columns go back through a file the parent memory-maps, not through the result pipe: the parent then
         # never unpickles bulk data, which would make it the bottleneck of the pool.
-        path = os.path.join(spool, f"chunk{items[0][1]}.arrow")
-        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, entries.schema) as writer:
-            writer.write_table(entries)
-        out["entries"] = path
+        out["entries"] = _spool_entries(entries, f"chunk{items[0][1]}.arrow", spools)
     return out
+
+
+def _spool_entries(entries: pa.Table, name: str, folders: list[str]) -> str:
+    """Write `entries` as an Arrow file `name` in the first of `folders` it fits in (a memory-backed one can be
+    full), and say where."""
+    *others, last = folders
+    for folder in others:
+        try:
+            return _write_arrow(entries, os.path.join(folder, name))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, name))
+    return _write_arrow(entries, os.path.join(last, name))
+
+
+def _write_arrow(table: pa.Table, path: str) -> str:
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return path
+
+
+# Where the parent gathers the entries as they come (`OneChunkTable`), each chunk's spool file lives for a
+# moment: written by a worker, copied, removed. In memory (tmpfs) that is ~3x cheaper for the worker than on
+# disk (0.015 vs 0.045 ms a file at 8,192 x 200 dumps: ext4 allocates and journals blocks it then frees), and
+# a cold analysis ~0.15 s faster. Only where it has room: a container's /dev/shm is often 64 MB.
+MEMORY_SPOOL = "/dev/shm"
+MEMORY_SPOOL_MIN_FREE = 256 << 20
+
+
+def _memory_spool() -> contextlib.AbstractContextManager[str | None]:
+    """A temporary folder in MEMORY_SPOOL where it exists and has room, else a context of None."""
+    try:
+        if shutil.disk_usage(MEMORY_SPOOL).free >= MEMORY_SPOOL_MIN_FREE:
+            return tempfile.TemporaryDirectory(prefix="flightrec-spool-", dir=MEMORY_SPOOL)
+    except OSError:
+        pass
+    return contextlib.nullcontext(None)
 
 
 CHUNK_BYTES = 48 << 20  # a worker holds one chunk's columns at a time: this bounds its memory
@@ -251,10 +289,14 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
         ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
         # Each worker loads the compiled reader itself, all at once (`_start_worker`): loaded in this process
         # before the fork it was ~0.9 s of one core while the others waited.
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker,
-                                 initargs=(use_tape,)) as pool:
-            for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * len(chunks),
-                                                      [use_tape] * len(chunks))):
+        # (a spool file in memory only while the parent gathers: otherwise the files stay, memory-mapped, and
+        # pages on disk are the ones the system can evict)
+        with (_memory_spool() if gathered is not None else contextlib.nullcontext(None)) as in_memory, \
+                ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker,
+                                    initargs=(use_tape,)) as pool:
+            n = len(chunks)
+            for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * n, [use_tape] * n,
+                                                      [in_memory] * n)):
                 collect(chunk, result)
     if gathered is not None and gathered.rows:
         results[0]["entries"] = gathered.finish()

@@ -2,6 +2,7 @@ import importlib
 import math
 import pickle
 import warnings
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -435,3 +436,67 @@ def test_the_garbage_collector_is_paused_while_loading_and_left_as_it_was(make_j
     finally:
         gc.enable()
     assert seen == [False, False]
+
+
+@pytest.mark.parametrize("gathered", [True, False])
+def test_spool_files_are_in_memory_only_while_gathered(make_job, tmp_path, monkeypatch, gathered):
+    """Gathered as they come, the chunks' spool files live in a memory-backed folder (removed with it); kept
+    memory-mapped (big input), they stay on disk, where the system can evict their pages."""
+    parse_pool = importlib.import_module("flightrec.parse_pool")
+    memory = tmp_path / "shm"
+    memory.mkdir()
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(memory))
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    monkeypatch.setattr(parse_pool, "ONE_CHUNK_MAX_INPUT", 1 << 60 if gathered else 0)
+    gathered_from, real_gather = [], parse_pool._gather
+    monkeypatch.setattr(parse_pool, "_gather", lambda table, entries: (gathered_from.append(entries),
+                                                                       real_gather(table, entries)))
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=4, steps=3))
+    pooled = load(out, LoadOptions(use_cache=False, workers=2))
+    if gathered:
+        assert gathered_from and all(Path(p).parent.parent == memory for p in gathered_from)
+    else:
+        assert not gathered_from
+    assert pooled.entries.equals(load(out, LoadOptions(use_cache=False, workers=1)).entries)
+    assert list(memory.iterdir()) == []
+
+
+def test_a_spool_file_that_does_not_fit_goes_to_the_next_folder(tmp_path, monkeypatch):
+    """A full memory-backed folder (ENOSPC part-way through) or a missing one: the file goes to the next
+    folder, and no partial file is left behind."""
+    parse_pool = importlib.import_module("flightrec.parse_pool")
+    full, gone, disk = tmp_path / "full", tmp_path / "gone", tmp_path / "disk"
+    full.mkdir()
+    disk.mkdir()
+    real_write = parse_pool._write_arrow
+
+    def write(table, path):
+        if Path(path).parent == full:
+            Path(path).write_bytes(b"ARROW1 partial")
+            raise OSError(28, "No space left on device")
+        return real_write(table, path)
+
+    monkeypatch.setattr(parse_pool, "_write_arrow", write)
+    table = pa.table({"a": [1, 2, 3]})
+    path = parse_pool._spool_entries(table, "chunk0.arrow", [str(full), str(gone), str(disk)])
+    assert Path(path) == disk / "chunk0.arrow" and list(full.iterdir()) == []
+    with pa.memory_map(path) as source:
+        assert pa.ipc.open_file(source).read_all().equals(table)
+    with pytest.raises(OSError):
+        parse_pool._spool_entries(table, "chunk1.arrow", [str(gone)])
+
+
+def test_no_memory_spool_where_the_folder_is_missing_or_short_of_room(tmp_path, monkeypatch):
+    parse_pool = importlib.import_module("flightrec.parse_pool")
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path))
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    with parse_pool._memory_spool() as folder:
+        assert folder is not None and Path(folder).parent == tmp_path
+    assert not Path(folder).exists()
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 1 << 62)
+    with parse_pool._memory_spool() as folder:
+        assert folder is None
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path / "missing"))
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    with parse_pool._memory_spool() as folder:
+        assert folder is None
