@@ -177,16 +177,40 @@ def _write_arrow(table: pa.Table, path: str) -> str:
 # a cold analysis ~0.15 s faster. Only where it has room: a container's /dev/shm is often 64 MB.
 MEMORY_SPOOL = "/dev/shm"
 MEMORY_SPOOL_MIN_FREE = 256 << 20
+_SPOOL_PREFIX = "flightrec-spool-"
 
 
 def _memory_spool() -> contextlib.AbstractContextManager[str | None]:
-    """A temporary folder in MEMORY_SPOOL where it exists and has room, else a context of None."""
+    """A temporary folder in MEMORY_SPOOL where it exists and has room, else a context of None. Its name
+    holds this process's id, so that one left by a killed run (memory held until reboot) is removed by the
+    next (`_remove_orphans`)."""
     try:
+        _remove_orphans(MEMORY_SPOOL)
         if shutil.disk_usage(MEMORY_SPOOL).free >= MEMORY_SPOOL_MIN_FREE:
-            return tempfile.TemporaryDirectory(prefix="flightrec-spool-", dir=MEMORY_SPOOL)
+            return tempfile.TemporaryDirectory(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-", dir=MEMORY_SPOOL)
     except OSError:
         pass
     return contextlib.nullcontext(None)
+
+
+def _remove_orphans(folder: str) -> None:
+    """Remove the spool folders in `folder` whose process is gone (a run killed before it could clean up)."""
+    with os.scandir(folder) as found:
+        names = [e.name for e in found if e.name.startswith(_SPOOL_PREFIX) and e.is_dir(follow_symlinks=False)]
+    for name in names:
+        pid = name[len(_SPOOL_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # (another user's: alive)
+        return True
+    return True
 
 
 CHUNK_BYTES = 48 << 20  # a worker holds one chunk's columns at a time: this bounds its memory

@@ -1,5 +1,6 @@
 import importlib
 import math
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -500,3 +501,23 @@ def test_no_memory_spool_where_the_folder_is_missing_or_short_of_room(tmp_path, 
     monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
     with parse_pool._memory_spool() as folder:
         assert folder is None
+
+
+def test_a_memory_spool_left_by_a_killed_run_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A run killed mid-parse leaves its spool folder in memory (held until reboot): the next run removes the
+    folders whose process is gone, and leaves a live process's alone."""
+    parse_pool = importlib.import_module("flightrec.parse_pool")
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path))
+    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    import subprocess
+    import sys
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"flightrec-spool-{int(gone.stdout)}-abc"
+    live = tmp_path / f"flightrec-spool-{os.getppid()}-def"
+    other = tmp_path / "flightrec-spool-notapid"
+    for folder in (orphan, live, other):
+        folder.mkdir()
+        (folder / "chunk0.arrow").write_bytes(b"x")
+    with parse_pool._memory_spool() as folder:
+        assert Path(folder).name.startswith(f"flightrec-spool-{os.getpid()}-")
+    assert not orphan.exists() and live.exists() and other.exists()
