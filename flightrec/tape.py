@@ -107,7 +107,8 @@ def _load_walker() -> None:
                                               np.zeros(1, np.int32), np.zeros(1, np.int64))
     _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
-    _compiled("same_texts", _same_texts_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64, 1)   # (read-only)
+    _compiled("text_codes", _text_codes_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64,   # (read-only)
+                                            np.full(1, -1, np.int64), 1)
     _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
     _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64)
 
@@ -151,19 +152,18 @@ class Tape:
 
     def texts(self, objs: np.ndarray) -> tuple[list[str], np.ndarray]:
         """The distinct texts of str objects `objs` and each one's index among them: decoded once per
-        distinct content, not once per object (each file has its own objects). Contents are grouped by the
-        walker's hash, and each object's bytes are then checked against its group's first: a collision (a
-        crafted file) makes the grouping go by decoded text instead."""
-        # distinct objects first, in one pass (files share them: keys, repeated values), then their hashes
-        objects, object_index = dense_codes(objs, self.code_table())
-        _, first, index = np.unique(self.value[objects], return_index=True, return_inverse=True)
-        index = index.reshape(-1)
-        reps = objects[first][index]
-        if self._same_bytes(objects, reps):
-            return [self.text(int(objects[i])) for i in first], index[object_index]
+        distinct content, not once per object (each file has its own objects). Told apart in one compiled pass
+        (`_text_codes_py`: by the walker's content hash, each checked against its code's first object); a
+        collision (a crafted file) makes the grouping go by decoded text instead."""
+        objs = np.ascontiguousarray(objs, dtype=np.int64)
+        codes, firsts, longs, ok = _compiled("text_codes", _text_codes_py)(
+            np.frombuffer(self.data, dtype=np.uint8), self.value, self.text_start, self.text_len, objs,
+            self.code_table(), _LONG_TEXT)
+        if ok and self._same_long_texts(longs):
+            return [self.text(int(objs[i])) for i in firsts.tolist()], codes
         words: dict[str, int] = {}
-        by_text = np.array([words.setdefault(self.text(int(o)), len(words)) for o in objects], dtype=np.int64)
-        return list(words), by_text[object_index]
+        by_text = np.array([words.setdefault(self.text(o), len(words)) for o in objs.tolist()], dtype=np.int64)
+        return list(words), by_text
 
     def text(self, obj: int) -> str:
         start, size = int(self.text_start[obj]), int(self.text_len[obj])
@@ -179,14 +179,10 @@ class Tape:
         self._long_texts[int(self.value[obj])] = (raw, text)
         return text
 
-    def _same_bytes(self, objs: np.ndarray, reps: np.ndarray) -> bool:
-        """Whether each of the str objects `objs` has the same bytes as its counterpart in `reps`: short ones
-        compared in a compiled loop, long ones (a rank list in every file) as bytes (memcmp)."""
-        if not _compiled("same_texts", _same_texts_py)(np.frombuffer(self.data, dtype=np.uint8), self.text_start,
-                                                       self.text_len, objs, reps, _LONG_TEXT):
-            return False
-        long = np.flatnonzero((objs != reps) & (self.text_len[objs] >= _LONG_TEXT))
-        for a, b in zip(objs[long].tolist(), reps[long].tolist()):
+    def _same_long_texts(self, pairs: np.ndarray) -> bool:
+        """Whether the long texts `_text_codes_py` left to compare, laid flat as (object, its code's first
+        object) pairs, have the same bytes: compared as bytes (memcmp), not by a compiled byte loop."""
+        for a, b in pairs.reshape(-1, 2).tolist():
             size, sa, sb = int(self.text_len[a]), int(self.text_start[a]), int(self.text_start[b])
             if self.data[sa:sa + size] != self.data[sb:sb + size]:
                 return False
@@ -194,22 +190,6 @@ class Tape:
 
 
 _LONG_TEXT = 1024
-
-
-def _same_texts_py(data, start, length, objs, reps, long_text):
-    """Whether each of the str objects `objs` has the same length as its counterpart in `reps`, and the same
-    bytes where shorter than `long_text`."""
-    for i in range(objs.size):
-        a, b = objs[i], reps[i]
-        if a == b:
-            continue
-        if length[a] != length[b]:
-            return False
-        if length[a] < long_text:
-            for k in range(length[a]):
-                if data[start[a] + k] != data[start[b] + k]:
-                    return False
-    return True
 
 
 def read(data: bytes) -> Tape | None:
@@ -735,6 +715,57 @@ def _shape_codes_py(outer, inner, values, null):
                     break
             slot = (slot + 1) & mask
     return codes, reps[:n_codes].copy()
+
+
+def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text):
+    """Str objects `objs` told apart by content, as `_shape_codes_py` does for shapes: each one's code (in the
+    order first met) and each code's first index. Candidates are found by the walker's content hash
+    (`value`), and each is checked byte by byte against its code's first object, once per object (`code_of`:
+    -1 per object, and so again on return). Texts of `long_text` bytes or more (a world group's rank list,
+    in every file) are left to the caller to compare as bytes: their (object, first object) pairs come back
+    laid flat. `ok` is False where two texts of one hash differ (a crafted file): the codes are then not
+    to be used."""
+    held, held_code, held_key, codes, reps = _open_table(objs.size)
+    mask = held.size - 1
+    n_codes = 0
+    longs = np.empty(2 * objs.size, np.int64)
+    n_long = 0
+    ok = True
+    for i in range(objs.size):
+        o = objs[i]
+        if code_of[o] >= 0:
+            codes[i] = code_of[o]
+            continue
+        h = np.uint64(value[o])
+        h = (h ^ (h >> np.uint64(31))) * np.uint64(0xBF58476D1CE4E5B9)   # (a bijection: equal keys, equal hashes)
+        slot = np.int64((h >> np.uint64(20)) & np.uint64(mask))
+        while True:
+            r = held[slot]
+            if r < 0:
+                n_codes = _claim(held, held_code, held_key, codes, reps, slot, i, h, n_codes)
+                break
+            if held_key[slot] == h:
+                b = objs[r]
+                if text_len[o] != text_len[b]:
+                    ok = False
+                elif text_len[o] >= long_text:
+                    longs[n_long] = o
+                    longs[n_long + 1] = b
+                    n_long += 2
+                else:
+                    for k in range(text_len[o]):
+                        if data[text_start[o] + k] != data[text_start[b] + k]:
+                            ok = False
+                            break
+                codes[i] = held_code[slot]
+                break
+            slot = (slot + 1) & mask
+        if not ok:
+            break
+        code_of[o] = codes[i]
+    for i in range(objs.size):
+        code_of[objs[i]] = -1
+    return codes, reps[:n_codes].copy(), longs[:n_long].copy(), ok
 
 
 def _list_codes_py(child, order, start, count, lists, code_of_object):
