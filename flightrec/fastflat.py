@@ -55,8 +55,8 @@ class _Graph:
     def __init__(self, t: tape.Tape):
         self.t = t
         self.order, self.start, self.count = tape.group_by_parent(t)
-        empty = np.flatnonzero(self.count == 0)
-        self.childless = int(empty[0]) if len(empty) else 0
+        fewest = int(np.argmin(self.count)) if len(self.count) else 0   # (an object without children, if any)
+        self.childless = fewest if len(self.count) and self.count[fewest] == 0 else 0
 
     def edges(self, obj: int) -> np.ndarray:
         s = int(self.start[obj])

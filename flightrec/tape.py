@@ -512,7 +512,10 @@ def _group_by_parent_py(parent, n_obj):
             break
         count[p] += 1
     if grouped:
-        return np.arange(parent.size).astype(np.int32), start, count
+        order = np.empty(parent.size, np.int32)   # (the identity, made as int32: no int64 copy first)
+        for e in range(parent.size):
+            order[e] = e
+        return order, start, count
     count[:] = 0
     for p in parent:
         count[p] += 1
