@@ -447,25 +447,13 @@ def _shape_columns(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Diction
     return shape_dictionary(codes, ~present, shapes)
 
 
-def _row_codes(columns: list[np.ndarray]) -> np.ndarray:
-    """A dense code per row of equal-length int columns, equal exactly where every column is (a sort by all
-    of them: np.unique(axis=0) is 10x slower)."""
-    order = np.lexsort(columns[::-1])
-    step = np.zeros(len(order), bool)
-    for column in columns:
-        step[1:] |= column[order][1:] != column[order][:-1]
-    codes = np.empty(len(order), np.int64)
-    codes[order] = np.cumsum(step)
-    return codes
-
-
 def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[int, list]]:
     """As `flatten._stacks`: an entry's stack is its frames list (a list, not empty), its id the hash of the
     frames' (name, filename, line). Stacks are first told apart by their frame objects, in one compiled pass
     over every entry's frames (`tape.list_codes`): a file's writer shares its frame dicts, so its entries hold
-    a few distinct stacks. Only those are then told apart by content: their frames by the exact codes of
-    their texts (`Tape.texts`), the stacks by those codes in order, checked frame by frame; text is decoded
-    and the id computed once per distinct stack."""
+    a few distinct stacks. Only those are then told apart by content: their frames in one compiled pass
+    (`tape.frame_codes`: texts by content, checked byte by byte), the stacks by those codes in order, checked
+    frame by frame; text is decoded and the id computed once per distinct stack."""
     n = len(ids)
     kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
     has = (kind == LIST) & (g.count[np.maximum(ids, 0)] > 0)
@@ -478,18 +466,12 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
     if (t.kind[distinct] != DICT).any():
         raise _Unsupported
     field = _fields(t, g, distinct, ("name", "filename", "line"))
-    parts, content = [], []
-    for name, allowed in (("name", STR), ("filename", STR), ("line", INT)):
-        vid = field[name]
-        present, _ = _kinds(t, vid, (allowed,))
-        value = np.zeros(len(vid), np.int64)
-        if allowed == INT:
-            value[present] = t.value[vid[present]]
-        elif present.any():
-            value[present] = t.texts(vid[present])[1]
-        parts.append((vid, present))
-        content += [present.astype(np.int64), value]
-    codes = _row_codes(content)
+    # (in one compiled pass: each frame's texts by content and its line, each checked for its kind; a None is
+    # made -1 in `field`, as an absent one is)
+    codes, _, ok = tape.frame_codes(t, field["name"], field["filename"], field["line"])
+    if not ok:
+        raise _Unsupported
+    parts = [(field[name], field[name] >= 0) for name in ("name", "filename", "line")]
     # Per object: its frame's code, then its frame's index in `distinct`, in the tape's table of -1 (one made
     # here per call cost 6 ms at 1,024 files, twice), which is left as it was found.
     per_object = t.code_table()

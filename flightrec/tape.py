@@ -109,6 +109,9 @@ def _load_walker() -> None:
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
     _compiled("text_codes", _text_codes_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64,   # (read-only)
                                             np.full(1, -1, np.int64), 1)
+    none = np.full(1, -1, np.int64)
+    _compiled("frame_codes", _frame_codes_py)(np.frombuffer(b"\0", np.uint8), np.zeros(1, np.int8), i64, i64, i64,
+                                              none, none.copy(), none.copy())
     _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
     _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64)
 
@@ -771,6 +774,61 @@ def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text):
     return codes, reps[:n_codes].copy(), longs[:n_long].copy(), ok
 
 
+def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, line):
+    """Stack frames told apart by content: frame i has the str objects name[i] and filename[i] and the int
+    object line[i] (-1: absent; an absent or None one is a frame's None). Returns each frame's code (in the
+    order first met) and each code's first frame, as `_shape_codes_py` does for shapes: a hash of the texts'
+    content hashes and the line finds the candidates, each checked against its code's first frame, text by
+    text byte by byte. `ok` is False where a name or filename is not a str, or a line not an int (the
+    unpickler's way reads those)."""
+    held, held_code, held_key, codes, reps = _open_table(name.size)
+    mask = held.size - 1
+    n_codes = 0
+    for i in range(name.size):
+        a, f, n = name[i], filename[i], line[i]
+        # (each part: -1 when absent or None, else checked for its kind)
+        if a >= 0 and kind[a] == NONE:
+            a = -1
+        if f >= 0 and kind[f] == NONE:
+            f = -1
+        if n >= 0 and kind[n] == NONE:
+            n = -1
+        if (a >= 0 and kind[a] != STR) or (f >= 0 and kind[f] != STR) or (n >= 0 and kind[n] != INT):
+            return codes, reps[:0].copy(), False
+        name[i], filename[i], line[i] = a, f, n
+        h = np.uint64(0x9E3779B97F4A7C15)
+        for o in (a, f, n):
+            h = (h ^ (np.uint64(value[o]) if o >= 0 else np.uint64(0x5BD1E995))) * np.uint64(1099511628211)
+            h = (h ^ np.uint64(o >= 0)) * np.uint64(1099511628211)
+        h ^= h >> np.uint64(29)
+        slot = np.int64(h & np.uint64(mask))
+        while True:
+            r = held[slot]
+            if r < 0:
+                n_codes = _claim(held, held_code, held_key, codes, reps, slot, i, h, n_codes)
+                break
+            if held_key[slot] == h and (n < 0) == (line[r] < 0) and (n < 0 or value[n] == value[line[r]]):
+                same = True
+                for x, y in ((a, name[r]), (f, filename[r])):
+                    if (x < 0) != (y < 0):
+                        same = False
+                    elif x >= 0 and x != y:
+                        if text_len[x] != text_len[y]:
+                            same = False
+                        else:
+                            for k in range(text_len[x]):
+                                if data[text_start[x] + k] != data[text_start[y] + k]:
+                                    same = False
+                                    break
+                    if not same:
+                        break
+                if same:
+                    codes[i] = held_code[slot]
+                    break
+            slot = (slot + 1) & mask
+    return codes, reps[:n_codes].copy(), True
+
+
 def _list_codes_py(child, order, start, count, lists, code_of_object):
     """Lists told apart by their items' codes in order: list object lists[i] (none where -1) has items
     child[order[start[l]]..], each standing for `code_of_object[item]`. Returns each list's code (-1 where
@@ -805,6 +863,14 @@ def _list_codes_py(child, order, start, count, lists, code_of_object):
                     break
             slot = (slot + 1) & mask
     return codes, reps[:n_codes].copy()
+
+
+def frame_codes(t: "Tape", name: np.ndarray, filename: np.ndarray,
+                line: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """`_frame_codes_py` over the tape's objects; `name`, `filename` and `line` (int64) are set to -1 where the
+    object is None, in place."""
+    return _compiled("frame_codes", _frame_codes_py)(np.frombuffer(t.data, dtype=np.uint8), t.kind, t.value,
+                                                     t.text_start, t.text_len, name, filename, line)
 
 
 def list_codes(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, lists: np.ndarray,

@@ -337,6 +337,50 @@ def test_stacks_are_told_apart_by_their_frames_in_order():
     assert ids[0] == ids[3] and len({ids[0], ids[1], ids[2], ids[4]}) == 4
 
 
+def test_frames_are_told_apart_by_their_content_and_nones():
+    """Frames as the unpickler's way tells them: equal content in different dicts is one frame, a None or a
+    missing field is the same None, and another line, name or filename is another frame."""
+    path = next(p for p in PICKLES if sum(bool(e.get("frames")) for e in read_dump(p)[0]["entries"]) >= 6)
+    dump = read_dump(path)[0]
+    base = {"name": "step", "filename": "train.py", "line": 7}
+    variants = [
+        [dict(base), dict(base)],                        # equal content in two dicts
+        [dict(base), dict(base, line=8)],                # another line
+        [dict(base), dict(base, name=None)],             # a None name
+        [dict(base), {"filename": "train.py", "line": 7}],   # the name missing: the same as None
+        [dict(base), dict(base, filename="train.py ")],  # another filename, one byte longer
+        [dict(base), dict(base, line=None)],
+    ]
+    entries = [e for e in dump["entries"] if e.get("frames")][:len(variants)]
+    for entry, stack in zip(entries, variants):
+        entry["frames"] = stack
+    data = pickle.dumps(dump, protocol=4)
+    got = fastflat.flatten_pickle(data, 0)
+    _same(flatten_dump(pickle.loads(data), 0), got)
+    ids = dict(zip(got["entries"]["record_id"].to_pylist(), got["entries"]["stack_id"].to_pylist()))
+    sids = [ids[e["record_id"]] for e in entries]
+    assert sids[2] == sids[3] and len({sids[0], sids[1], sids[2], sids[4], sids[5]}) == 5
+
+
+def test_frame_texts_that_share_a_hash_are_still_told_apart():
+    """With every text's hash made equal (a crafted file), frames are still told apart byte by byte."""
+    frames = [{"name": "ab", "filename": "x", "line": 1}, {"name": "cd", "filename": "x", "line": 1},
+              {"name": "".join(["a", "b"]), "filename": "x", "line": 1}, {"name": "ab", "filename": "y", "line": 1}]
+    t = tape.read(pickle.dumps(frames, protocol=2))
+    g = fastflat._Graph(t)
+    t.value[t.kind == tape.STR] = 42
+    field = fastflat._fields(t, g, g.children(t.root), ("name", "filename", "line"))
+    codes, firsts, ok = tape.frame_codes(t, field["name"], field["filename"], field["line"])
+    assert ok and codes.tolist() == [0, 1, 0, 2] and firsts.tolist() == [0, 1, 3]
+
+
+def test_a_frame_field_of_another_kind_leaves_the_file_to_the_unpickler():
+    dump = read_dump(next(p for p in PICKLES if any(e.get("frames") for e in read_dump(p)[0]["entries"])))[0]
+    entry = next(e for e in dump["entries"] if e.get("frames"))
+    entry["frames"] = [{"name": "step", "filename": "train.py", "line": "7"}]
+    assert fastflat.flatten_pickle(pickle.dumps(dump, protocol=4), 0) is None
+
+
 def test_a_protocol_python_does_not_know_is_left_to_the_unpickler():
     assert tape.read(b"\x80\x05N.") is not None and tape.read(b"\x80\x06N.") is None
 
