@@ -4,11 +4,11 @@ Gives exactly what `flatten.flatten_dump(unpickled dump)` gives, merged over the
 for the dumps the recorder writes: every entry a dict, every value of its field's type (a missing key or None
 is null). A file holding anything else (a value of another type, an entry that is not a dict, a dump that is
 a bare list) is left out, and the caller takes the unpickler's way for it, which coerces, notes the problem
-and salvages. The entry dicts' edges are pivoted into one value column per field by compiled passes
-(tape.pivot), and each batch's metadata, groups and statuses come from array passes too. Text is decoded once
-per distinct content, stacks hashed once per distinct frame sequence. Hashes only group: each text and each
-stack is checked against its group's first (bytes, frame codes), and a collision falls back to grouping by
-value.
+and salvages. The entry dicts' edges are pivoted into one value column per field by a compiled pass
+(tape.pivot, keys matched by their bytes), and each batch's metadata, groups and statuses come from array
+passes too. Text is decoded once per distinct content, stacks hashed once per distinct frame sequence.
+Hashes only group: each text and each stack is checked against its group's first (bytes, frame codes), and
+a collision falls back to grouping by value.
 """
 
 from __future__ import annotations
@@ -297,16 +297,26 @@ def _fields(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) 
 
 
 def _field_table(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
-    """`_fields` as one (name, dict) array of value objects."""
-    distinct_keys = tape.dict_keys(t, g.order, g.start, g.count, dicts)
-    if (t.kind[distinct_keys] != STR).any():
+    """`_fields` as one (name, dict) array of value objects: keys matched to `names` by their bytes in the
+    pass that pivots the items (`tape.pivot`)."""
+    table, others, ok = tape.pivot(t, g.order, g.start, g.count, dicts, *_utf8_names(names))
+    if not ok:
         raise _Unsupported
-    texts, index = t.texts(distinct_keys) if len(distinct_keys) else ([], np.zeros(0, np.int64))
-    wanted = {name: i for i, name in enumerate(names)}
-    slot_of_text = np.array([wanted.get(text, -1) for text in texts], dtype=np.int16)
-    key_slot = np.full(len(t.kind), -1, np.int16)
-    key_slot[distinct_keys] = slot_of_text[index] if len(texts) else key_slot[distinct_keys]
-    return tape.pivot(t, g.order, g.start, g.count, dicts, key_slot, len(names))
+    if len(others):
+        t.texts(others)   # (decoded for the check alone: a key Python can't read declines the batch)
+    return table
+
+
+_NAMES: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _utf8_names(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """`names` as `tape.pivot` takes them: their UTF-8 bytes laid flat, and where each one ends."""
+    if names not in _NAMES:
+        encoded = [name.encode() for name in names]
+        _NAMES[names] = (np.frombuffer(b"".join(encoded), np.uint8).copy(),
+                         np.cumsum([len(e) for e in encoded], dtype=np.int64))
+    return _NAMES[names]
 
 
 def _entries(t: tape.Tape, g: _Graph, entry_ids: np.ndarray) -> tuple[pa.Table, pa.Array, dict[int, list]]:

@@ -105,7 +105,8 @@ def _load_walker() -> None:
     _compiled("distinct_items", _distinct_items_py)(i32, i32, i64, i32, i64, 1)
     _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
                                               np.zeros(1, np.int32), np.zeros(1, np.int64))
-    _compiled("pivot", _pivot_py)(i32, i32, i32, i64, i32, i64, np.zeros(1, np.int16), 1)
+    _compiled("pivot", _pivot_py)(np.frombuffer(b"\0", np.uint8), np.zeros(1, np.int8), i64, i64, i32, i32, i32, i64,
+                                  i32, i64, np.zeros(1, np.uint8), i64, np.full(1, -1, np.int64))   # (read-only)
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
     _compiled("text_codes", _text_codes_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64,   # (read-only)
                                             np.full(1, -1, np.int64), 1)
@@ -596,18 +597,59 @@ def _compiled(name: str, fn):
     return _helpers[name]
 
 
-def _pivot_py(key, child, order, start, count, dicts, key_slot, n_slots):
-    """(slot, i) -> the value object of the item of dicts[i] whose key has that slot; -1 where none (the last
-    one where a key repeats, as a dict keeps)."""
+def _pivot_py(data, kind, text_start, text_len, key, child, order, start, count, dicts, names, name_ends, code_of):
+    """(slot, i) -> the value object of the item of dicts[i] whose key is the slot's name; -1 where none (the
+    last one where a key repeats, as a dict keeps). Names are UTF-8 laid flat in `names`, name j ending at
+    `name_ends[j]`; keys are matched by their bytes, once per key object (`code_of`: -1 per object, and so
+    again on return). Also returns the distinct key objects that match no name (for the caller to decode: a
+    key Python cannot read declines the batch, as before), and False where a key is not a str (the
+    unpickler's way reads those)."""
+    n_slots = name_ends.size
     out = np.full((n_slots, dicts.size), -1, np.int64)
+    total = 0
+    for i in range(dicts.size):
+        total += count[dicts[i]]
+    touched = np.empty(total, np.int64)
+    n_touched = 0
+    ok = True
     for i in range(dicts.size):
         d = dicts[i]
         for j in range(start[d], start[d] + count[d]):
             e = order[j]
-            s = key_slot[key[e]]
+            k = key[e]
+            s = code_of[k]
+            if s == -1:
+                if kind[k] != STR:
+                    ok = False
+                    break
+                s = -2   # (no name: -2 until reset)
+                lo = 0
+                for m in range(n_slots):
+                    hi = name_ends[m]
+                    if hi - lo == text_len[k]:
+                        same = True
+                        for b in range(hi - lo):
+                            if data[text_start[k] + b] != names[lo + b]:
+                                same = False
+                                break
+                        if same:
+                            s = m
+                            break
+                    lo = hi
+                code_of[k] = s
+                touched[n_touched] = k
+                n_touched += 1
             if s >= 0:
                 out[s, i] = child[e]
-    return out
+        if not ok:
+            break
+    n_other = 0
+    for j in range(n_touched):
+        if code_of[touched[j]] == -2:
+            touched[n_other] = touched[j]
+            n_other += 1
+        code_of[touched[j]] = -1
+    return out, touched[:n_other].copy(), ok
 
 
 def _scalars_py(kind, value, ids, allowed):
@@ -902,17 +944,14 @@ def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarr
                                                      parents.astype(np.int64))
 
 
-def dict_keys(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray) -> np.ndarray:
-    """The distinct key objects of the items of dict objects `dicts`."""
-    return _compiled("distinct_items", _distinct_items_py)(t.key, order, start, count, dicts.astype(np.int64),
-                                                           len(t.kind))
-
-
 def scalars(t: "Tape", ids: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """`_scalars_py` over the tape's objects: `ids` an int64 (fields, n) array, `allowed` int64 bitmasks."""
     return _compiled("scalars", _scalars_py)(t.kind, t.value, np.ascontiguousarray(ids, dtype=np.int64), allowed)
 
 
-def pivot(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray,
-          key_slot: np.ndarray, n_slots: int) -> np.ndarray:
-    return _compiled("pivot", _pivot_py)(t.key, t.child, order, start, count, dicts.astype(np.int64), key_slot, n_slots)
+def pivot(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, dicts: np.ndarray, names: np.ndarray,
+          name_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """`_pivot_py` over the tape's dicts `dicts`: (value object per (name, dict), unmatched keys, ok)."""
+    return _compiled("pivot", _pivot_py)(np.frombuffer(t.data, dtype=np.uint8), t.kind, t.text_start, t.text_len,
+                                         t.key, t.child, order, start, count, dicts.astype(np.int64), names,
+                                         name_ends, t.code_table())

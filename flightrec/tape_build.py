@@ -40,7 +40,8 @@ SIGNATURES = {
     "group_by_parent": "Tuple((int32[::1], int64[::1], int32[::1]))(int32[::1], int64)",
     "distinct_items": f"int64[::1]({_EDGES}, int64[::1], int64)",
     "children_of": f"Tuple((int64[::1], int64[::1]))({_EDGES}, int64[::1])",
-    "pivot": "int64[:, ::1](int32[::1], int32[::1], int32[::1], int64[::1], int32[::1], int64[::1], int16[::1], int64)",
+    "pivot": "Tuple((int64[:, ::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "
+             f"int32[::1], {_EDGES}, int64[::1], uint8[::1], int64[::1], int64[::1])",   # (key, then child...)
     "text_codes": "Tuple((int32[::1], int64[::1], int64[::1], boolean))(uint8[::1], int64[::1], int64[::1], "
                   "int64[::1], int64[::1], int64[::1], int64)",
     "frame_codes": "Tuple((int32[::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "

@@ -381,6 +381,40 @@ def test_a_frame_field_of_another_kind_leaves_the_file_to_the_unpickler():
     assert fastflat.flatten_pickle(pickle.dumps(dump, protocol=4), 0) is None
 
 
+_KEYS = ("name", "nam", "names", "line", "é", "x")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.dictionaries(st.sampled_from(_KEYS), st.integers(-5, 5), max_size=6), min_size=1, max_size=8),
+       st.lists(st.sampled_from(_KEYS + ("missing",)), min_size=1, max_size=4, unique=True))
+def test_fields_are_each_dicts_value_under_each_name(dicts, names):
+    """`tape.pivot` matches keys to names by their bytes (prefixes, longer names and non-ASCII ones among
+    them): each dict's value under each name, none where it has no such key."""
+    t = tape.read(pickle.dumps(dicts, protocol=2))
+    g = fastflat._Graph(t)
+    field = fastflat._fields(t, g, g.children(t.root), tuple(names))
+    for name in names:
+        got = [int(t.value[o]) if o >= 0 else None for o in field[name].tolist()]
+        assert got == [d.get(name) for d in dicts]
+    assert (t.code_table() == -1).all()
+
+
+def test_a_key_repeated_in_a_dict_reads_as_its_last_and_odd_keys_decline():
+    """A pickle can set one key twice (Python keeps the last); a key that is not a str, or one that is not
+    UTF-8, declines the batch (the unpickler's way reads or refuses the file)."""
+    twice = b"\x80\x02]q\x00}q\x01(X\x01\x00\x00\x00aK\x01X\x01\x00\x00\x00aK\x02ua."
+    assert pickle.loads(twice) == [{"a": 2}]
+    t = tape.read(twice)
+    g = fastflat._Graph(t)
+    assert int(t.value[fastflat._fields(t, g, g.children(t.root), ("a",))["a"][0]]) == 2
+    for odd in (b"\x80\x02]q\x00}q\x01K\x07K\x01sa.", b"\x80\x02]q\x00}q\x01X\x02\x00\x00\x00\xff\xfeK\x01sa."):
+        t = tape.read(odd)
+        g = fastflat._Graph(t)
+        with pytest.raises(fastflat._DECLINED):
+            fastflat._fields(t, g, g.children(t.root), ("a",))
+        assert (t.code_table() == -1).all()
+
+
 def test_a_protocol_python_does_not_know_is_left_to_the_unpickler():
     assert tape.read(b"\x80\x05N.") is not None and tape.read(b"\x80\x06N.") is None
 
@@ -414,8 +448,8 @@ def test_the_tapes_table_of_codes_is_left_as_found_after_every_pass(monkeypatch)
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 30), max_size=8), max_size=12), st.lists(st.integers(-1, 11), max_size=15))
 def test_distinct_items_are_each_parents_children_once_in_the_order_first_met(children, parents):
-    """The compiled pass behind `dict_keys` and `distinct_children` (edges grouped by parent, as the walk lays them
-    out): every child of the listed parents once, in the order first met; -1 and parents with no children add
+    """The compiled pass behind `distinct_children` (edges grouped by parent, as the walk lays them out): every
+    child of the listed parents once, in the order first met; -1 and parents with no children add
     nothing."""
     child = np.array([c for kids in children for c in kids], np.int32)
     count = np.array([len(kids) for kids in children] or [0], np.int32)
