@@ -31,8 +31,9 @@ _walk_one = None
 _u32 = None
 _uint_arg = None
 _text_hash = None
-_open_table = None   # the code tables' helpers (`_open_table_py`, `_claim_py`), inlined where used
+_open_table = None   # the code tables' helpers (`_open_table_py`, `_claim_py`, `_same_text_py`), inlined
 _claim = None
+_same_text = None
 
 
 def available() -> bool:
@@ -589,10 +590,11 @@ def _compiled(name: str, fn):
     if name not in _helpers:
         import numba
 
-        global _open_table, _claim
+        global _open_table, _claim, _same_text
         if _open_table is None:   # (resolved as the pass compiles, at its first call)
             _open_table = numba.njit(cache=True, nogil=True, inline="always")(_open_table_py)
             _claim = numba.njit(cache=True, nogil=True, inline="always")(_claim_py)
+            _same_text = numba.njit(cache=True, nogil=True, inline="always")(_same_text_py)
         _helpers[name] = numba.njit(cache=True, nogil=True)(fn)
     return _helpers[name]
 
@@ -722,6 +724,16 @@ def _claim_py(held, held_code, held_key, codes, reps, slot, i, h, n_codes):
     return n_codes + 1
 
 
+def _same_text_py(data, text_start, text_len, x, y):
+    """Whether str objects x and y have the same bytes."""
+    if text_len[x] != text_len[y]:
+        return False
+    for k in range(text_len[x]):
+        if data[text_start[x] + k] != data[text_start[y] + k]:
+            return False
+    return True
+
+
 def _shape_codes_py(outer, inner, values, null):
     """Entries told apart by the shape they hold: entry i (none where `null[i]`, a uint8) has tensors outer[i] to
     outer[i + 1] - 1, tensor k the dims `values[inner[k]:inner[k + 1]]`. Returns each entry's code (-1 where
@@ -794,17 +806,12 @@ def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text):
                 break
             if held_key[slot] == h:
                 b = objs[r]
-                if text_len[o] != text_len[b]:
-                    ok = False
-                elif text_len[o] >= long_text:
+                if text_len[o] >= long_text and text_len[o] == text_len[b]:
                     longs[n_long] = o
                     longs[n_long + 1] = b
                     n_long += 2
-                else:
-                    for k in range(text_len[o]):
-                        if data[text_start[o] + k] != data[text_start[b] + k]:
-                            ok = False
-                            break
+                elif not _same_text(data, text_start, text_len, o, b):
+                    ok = False
                 codes[i] = held_code[slot]
                 break
             slot = (slot + 1) & mask
@@ -852,17 +859,8 @@ def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, lin
             if held_key[slot] == h and (n < 0) == (line[r] < 0) and (n < 0 or value[n] == value[line[r]]):
                 same = True
                 for x, y in ((a, name[r]), (f, filename[r])):
-                    if (x < 0) != (y < 0):
+                    if (x < 0) != (y < 0) or (x >= 0 and x != y and not _same_text(data, text_start, text_len, x, y)):
                         same = False
-                    elif x >= 0 and x != y:
-                        if text_len[x] != text_len[y]:
-                            same = False
-                        else:
-                            for k in range(text_len[x]):
-                                if data[text_start[x] + k] != data[text_start[y] + k]:
-                                    same = False
-                                    break
-                    if not same:
                         break
                 if same:
                     codes[i] = held_code[slot]

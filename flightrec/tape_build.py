@@ -41,7 +41,7 @@ SIGNATURES = {
     "distinct_items": f"int64[::1]({_EDGES}, int64[::1], int64)",
     "children_of": f"Tuple((int64[::1], int64[::1]))({_EDGES}, int64[::1])",
     "pivot": "Tuple((int64[:, ::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "
-             f"int32[::1], {_EDGES}, int64[::1], uint8[::1], int64[::1], int64[::1])",   # (key, then child...)
+             f"int32[::1], {_EDGES}, int64[::1], uint8[::1], int64[::1], int64[::1])",   # (key, then the edges)
     "text_codes": "Tuple((int32[::1], int64[::1], int64[::1], boolean))(uint8[::1], int64[::1], int64[::1], "
                   "int64[::1], int64[::1], int64[::1], int64)",
     "frame_codes": "Tuple((int32[::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "
@@ -265,6 +265,7 @@ def _compile(name: str, scratch: Path) -> Path:
         tape._walk_one = numba.njit(tape._walk_one_py)
         tape._open_table = numba.njit(inline="always")(tape._open_table_py)   # (the code tables' helpers)
         tape._claim = numba.njit(inline="always")(tape._claim_py)
+        tape._same_text = numba.njit(inline="always")(tape._same_text_py)
         cc = CC(name)
         cc.output_dir = str(scratch)
         cc.verbose = False
