@@ -603,9 +603,9 @@ def _pivot_py(data, kind, text_start, text_len, key, child, order, start, count,
     """(slot, i) -> the value object of the item of dicts[i] whose key is the slot's name; -1 where none (the
     last one where a key repeats, as a dict keeps). Names are UTF-8 laid flat in `names`, name j ending at
     `name_ends[j]`; keys are matched by their bytes, once per key object (`code_of`: -1 per object, and so
-    again on return). Also returns the distinct key objects that match no name (for the caller to decode: a
-    key Python cannot read declines the batch, as before), and False where a key is not a str (the
-    unpickler's way reads those)."""
+    again on return). Also returns the distinct key objects that match no name (for the caller to decode, so
+    that a key Python cannot read declines the batch), and False where a key is not a str (the unpickler's
+    way reads those)."""
     n_slots = name_ends.size
     out = np.full((n_slots, dicts.size), -1, np.int64)
     total = 0
