@@ -140,8 +140,9 @@ class Tape:
     _scratch: dict = field(default_factory=dict, compare=False, repr=False)
 
     def code_table(self) -> np.ndarray:
-        """An int64 -1 per object, for `dense_codes`, which leaves it so: made once per tape. (One made per
-        call cost 23 ms at 1,024 files, 4.9M objects, mostly page faults: 22 calls, a third of the batch.)"""
+        """An int64 -1 per object, the scratch table of `dense_codes`, `texts`, `pivot` and the stacks' codes,
+        each of which leaves it so: made once per tape. (One made per call cost 23 ms at 1,024 files, 4.9M
+        objects, mostly page faults: 22 calls, a third of the batch.)"""
         table = self._scratch.get("code_of")
         if table is None:
             table = self._scratch["code_of"] = np.full(len(self.kind), -1, np.int64)
