@@ -141,17 +141,25 @@ def _batch(t: tape.Tape, g: _Graph, roots: np.ndarray, ranks: list[int]) -> dict
 
 
 def _backends_per_file(names: pa.ChunkedArray, counts: np.ndarray) -> list[set]:
-    """Each file's backends (the profiling names' prefixes), from one pass over the batch's names."""
-    codes = names.combine_chunks().dictionary_encode()
+    """Each file's backends (the profiling names' prefixes), from a (file, name) table of the batch's few
+    distinct names (`_text_column` made the column a dictionary already)."""
+    codes = names.combine_chunks()
+    if not pa.types.is_dictionary(codes.type):
+        codes = codes.dictionary_encode()
     backend = [normalize_op(n)[2] for n in codes.dictionary.to_pylist()]
-    file_of = np.repeat(np.arange(len(counts)), counts)
-    index = codes.indices.to_numpy(zero_copy_only=False)
     out: list[set] = [set() for _ in counts]
-    present = ~np.asarray(codes.is_null())
-    pairs = np.unique(file_of[present] * (len(backend) + 1) + index[present].astype(np.int64))
-    for f, code in zip(*np.divmod(pairs, len(backend) + 1)):
+    if not backend:
+        return out
+    index = codes.indices.to_numpy(zero_copy_only=False)
+    present = np.asarray(codes.is_valid(), bool)
+    seen = np.zeros((len(counts), len(backend)), bool)
+    seen[np.repeat(np.arange(len(counts)), counts)[present], index[present]] = True
+    for f, code in zip(*np.nonzero(seen)):
         out[f].add(backend[code])
     return out
+
+
+_MIX = np.int64(-7046029254386353131)   # (0x9E3779B97F4A7C15: odd, so i -> i * _MIX is one-to-one)
 
 
 def _items(t: tape.Tape, g: _Graph, dicts: np.ndarray, owners: list[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -166,9 +174,10 @@ def _items(t: tape.Tape, g: _Graph, dicts: np.ndarray, owners: list[int]) -> tup
     _, keys = g.keys_of(parents)
     sizes = np.diff(offsets)
     owner = np.repeat(np.asarray(owners, np.int64)[present], sizes)
-    # (a dict's keys told apart by content hash: a collision only sends the batch the slower way)
-    in_dict = np.stack([np.repeat(np.arange(len(parents)), sizes), t.value[keys]], axis=1)
-    if len(keys) and len(np.unique(in_dict, axis=0)) != len(keys):
+    # (a dict's keys told apart by content hash mixed with the dict's index, in one 1-D sort: a collision, or
+    # a mix of two dicts' keys that meet, only sends the batch the slower way)
+    in_dict = t.value[keys] ^ (np.repeat(np.arange(len(parents), dtype=np.int64), sizes) * _MIX)
+    if len(keys) and len(np.unique(in_dict)) != len(keys):
         raise _Unsupported
     return owner.tolist(), keys, values
 

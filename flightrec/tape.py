@@ -271,21 +271,45 @@ def _u32_py(data, pos):
 
 
 def _text_hash_py(data, pos, size):
-    """A 64-bit hash of `data[pos:pos + size]`, FNV-1a style but eight bytes a step: the world group's rank
-    list (~110 KB at 16K ranks) is in every file, and a byte a step made hashing it a third of the walk.
-    Each step is a bijection of the state, so texts of one length that differ in one word never collide; it
-    is no cryptographic hash (texts can be crafted to collide), so equal hashes are checked (`Tape.texts`)."""
+    """A 64-bit hash of `data[pos:pos + size]`, FNV-1a style but eight bytes a step, in four lanes over each
+    32 bytes: the world group's rank list (~110 KB at 16K ranks) is in every file, a byte a step made hashing
+    it a third of the walk, and one lane waits on each multiplication (four: 6.6 -> 1.8 us for 8,192 ranks).
+    Each step is a bijection of its lane, and the lanes are joined by one (odd multipliers, xor), so texts of
+    one length that differ in one word never collide; it is no cryptographic hash (texts can be crafted to
+    collide), so equal hashes are checked (`Tape.texts`)."""
+    prime = np.uint64(1099511628211)
     h = np.uint64(14695981039346656037) ^ np.uint64(size)
     k = pos
     end = pos + size
+    if k + 32 <= end:
+        b = np.uint64(0x9E3779B97F4A7C15)
+        c = np.uint64(0xC2B2AE3D27D4EB4F)
+        d = np.uint64(0x165667B19E3779F9)
+        while k + 32 <= end:
+            w0 = np.uint64(0)
+            w1 = np.uint64(0)
+            w2 = np.uint64(0)
+            w3 = np.uint64(0)
+            for i in range(8):
+                shift = np.uint64(8 * i)
+                w0 |= np.uint64(data[k + i]) << shift
+                w1 |= np.uint64(data[k + 8 + i]) << shift
+                w2 |= np.uint64(data[k + 16 + i]) << shift
+                w3 |= np.uint64(data[k + 24 + i]) << shift
+            h = (h ^ w0) * prime
+            b = (b ^ w1) * prime
+            c = (c ^ w2) * prime
+            d = (d ^ w3) * prime
+            k += 32
+        h ^= b * np.uint64(31) ^ c * np.uint64(961) ^ d * np.uint64(29791)
     while k + 8 <= end:
         w = np.uint64(0)
-        for b in range(8):
-            w |= np.uint64(data[k + b]) << np.uint64(8 * b)
-        h = (h ^ w) * np.uint64(1099511628211)
+        for i in range(8):
+            w |= np.uint64(data[k + i]) << np.uint64(8 * i)
+        h = (h ^ w) * prime
         k += 8
     while k < end:
-        h = (h ^ np.uint64(data[k])) * np.uint64(1099511628211)
+        h = (h ^ np.uint64(data[k])) * prime
         k += 1
     h ^= h >> np.uint64(32)   # (the multiplications move entropy up only: fold the high half down)
     return np.int64(h)
@@ -505,21 +529,28 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, m
 def _group_by_parent_py(parent, n_obj):
     """Counting sort of edges by parent, stable: (order, first edge of each object, its edge count). Edges
     usually come grouped already (a container's items are added by one opcode, up to 1,000 at a time): then
-    one pass finds each object's run and the order is the identity."""
+    one pass over the runs of equal parents finds each object's run (a parent met in a second run means they
+    are not) and the order is the identity. (Per run, not per edge: counting each edge into its parent's
+    slot took 2.4x as long, 0.79 vs 0.33 ms for a 43-file batch's 371K edges.)"""
     count = np.zeros(n_obj, np.int32)
     start = np.zeros(n_obj, np.int64)
     grouped = True
-    for e in range(parent.size):
+    e = 0
+    n_edges = parent.size
+    while e < n_edges:
         p = parent[e]
-        if count[p] == 0:
-            start[p] = e
-        elif start[p] + count[p] != e:
+        end = e + 1
+        while end < n_edges and parent[end] == p:
+            end += 1
+        if count[p] != 0:
             grouped = False
             break
-        count[p] += 1
+        start[p] = e
+        count[p] = end - e
+        e = end
     if grouped:
-        order = np.empty(parent.size, np.int32)   # (the identity, made as int32: no int64 copy first)
-        for e in range(parent.size):
+        order = np.empty(n_edges, np.int32)   # (the identity, made as int32: no int64 copy first)
+        for e in range(n_edges):
             order[e] = e
         return order, start, count
     count[:] = 0

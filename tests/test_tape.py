@@ -91,6 +91,37 @@ def test_a_file_the_tape_does_not_take_leaves_the_rest_of_its_batch():
     _same(merge_parts([flatten_dump(pickle.loads(good), rank) for rank in (0, 2)]), got)
 
 
+def test_each_file_of_a_batch_keeps_its_own_backends():
+    """A batch mixing NCCL, Gloo and no entries at all (`_backends_per_file`): each file's backends as
+    flatten_dump gives them, not the batch's."""
+    dump = pickle.loads(PICKLES[0].read_bytes())
+    gloo = pickle.loads(PICKLES[0].read_bytes())
+    for i, entry in enumerate(gloo["entries"]):
+        op = str(entry["profiling_name"]).split(":")[-1]
+        entry["profiling_name"] = f"gloo:{op}" if i % 2 else f"nccl:{op}"
+    dumps = [dump, gloo, dict(dump, entries=[]), dump]
+    got, read = fastflat.flatten_pickles([pickle.dumps(d, protocol=4) for d in dumps], [0, 1, 2, 3])
+    assert read == [0, 1, 2, 3]
+    _same(merge_parts([flatten_dump(d, rank) for rank, d in enumerate(dumps)]), got)
+    assert len({m["backend"] for m in got["metas"]}) > 1
+
+
+@pytest.mark.parametrize("field", ["pg_config", "pg_status"])
+def test_a_group_set_twice_in_a_dumps_metadata_reads_as_its_last(field):
+    """A pickle can set one key of pg_config or pg_status twice (Python keeps the last): the batch's array
+    passes give way and the file reads as flatten_dump reads it."""
+    dump = pickle.loads(PICKLES[0].read_bytes())
+    first, second = ("groupAAA", "groupBBB") if field == "pg_config" else ("9000001", "9000002")   # (pg ids)
+    dump[field] = {first: next(iter(dump[field].values())), second: next(iter(dump[field].values()))}
+    data = pickle.dumps(dump, protocol=2)
+    twice = data.replace(second.encode(), first.encode())
+    assert twice != data and list(pickle.loads(twice)[field]) == [first]
+    got, read = fastflat.flatten_pickles([twice, PICKLES[0].read_bytes()], [0, 1])
+    assert read == [0, 1]
+    _same(merge_parts([flatten_dump(pickle.loads(twice), 0), flatten_dump(pickle.loads(PICKLES[0].read_bytes()), 1)]),
+          got)
+
+
 def test_load_gives_the_same_trace_either_way(tmp_path):
     out = tmp_path / "job"
     synth.generate(synth.Job(tp=2, pp=2, dp=2, steps=4, fault=synth.Fault(kind="not_joined")), out)
@@ -459,6 +490,24 @@ def test_distinct_items_are_each_parents_children_once_in_the_order_first_met(ch
     want = list(dict.fromkeys(c for p in parents if p >= 0 for c in children[p]))
     got = tape._compiled("distinct_items", tape._distinct_items_py)(child, order, start, count, parents, 31)
     assert got.tolist() == want and got.dtype == np.int64
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(1, 4)), max_size=30), st.integers(8, 10))
+def test_edges_are_grouped_by_parent_in_the_order_added(runs, n_obj):
+    """`group_by_parent`, on edges laid out as runs of one parent: each object's edges in the order added,
+    whether each parent's edges are one run (the order then the identity) or come back later."""
+    parent = np.array([p for p, n in runs for _ in range(n)], np.int32)
+    t = tape.Tape(b"", np.zeros(n_obj, np.int8), np.zeros(n_obj, np.int64), np.zeros(n_obj, np.int64),
+                  np.zeros(n_obj, np.int64), parent, np.full(parent.size, -1, np.int32), parent.copy(), -1)
+    order, start, count = tape.group_by_parent(t)
+    for obj in range(n_obj):
+        edges = order[start[obj]:start[obj] + count[obj]].tolist()
+        assert edges == np.flatnonzero(parent == obj).tolist()
+    merged = [p for i, (p, _) in enumerate(runs) if i == 0 or runs[i - 1][0] != p]
+    if len(merged) == len(set(merged)):   # (one run each)
+        assert order.tolist() == list(range(parent.size))
+    assert order.dtype == np.int32 and start.dtype == np.int64 and count.dtype == np.int32
 
 
 @settings(max_examples=60, deadline=None)
