@@ -59,8 +59,7 @@ class _Graph:
         self.childless = fewest if len(self.count) and self.count[fewest] == 0 else 0
 
     def edges(self, obj: int) -> np.ndarray:
-        s = int(self.start[obj])
-        return self.order[s:s + int(self.count[obj])]
+        return tape.edge_ids(self.order, int(self.start[obj]), int(self.count[obj]))
 
     def children(self, obj: int) -> np.ndarray:
         return self.t.child[self.edges(obj)]
@@ -317,6 +316,7 @@ def _field_table(t: tape.Tape, g: _Graph, dicts: np.ndarray, names: tuple[str, .
 
 
 _NAMES: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}
+_BY_IDENTITY = np.zeros(0, np.int64)   # (`tape.list_codes`: items told apart by identity)
 
 
 def _utf8_names(names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -479,7 +479,7 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
     lists = np.where(has, ids, -1)
     if not has.any():
         return pa.nulls(n, pa.uint64()), {}
-    by_objects, firsts = tape.list_codes(t, g.order, g.start, g.count, lists, t.identity())
+    by_objects, firsts = tape.list_codes(t, g.order, g.start, g.count, lists, _BY_IDENTITY)
     reps = lists[firsts]   # a list object per stack of distinct frame objects
     distinct = tape.distinct_children(t, g.order, g.start, g.count, reps)
     if (t.kind[distinct] != DICT).any():

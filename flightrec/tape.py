@@ -31,9 +31,10 @@ _walk_one = None
 _u32 = None
 _uint_arg = None
 _text_hash = None
-_open_table = None   # the code tables' helpers (`_open_table_py`, `_claim_py`, `_same_text_py`), inlined
-_claim = None
+_open_table = None   # the passes' inlined helpers (`_open_table_py`, `_claim_py`, `_same_text_py`, `_edge_py`),
+_claim = None        # made as the first pass compiles
 _same_text = None
+_edge = None
 
 
 def available() -> bool:
@@ -146,14 +147,6 @@ class Tape:
         table = self._scratch.get("code_of")
         if table is None:
             table = self._scratch["code_of"] = np.full(len(self.kind), -1, np.int64)
-        return table
-
-    def identity(self) -> np.ndarray:
-        """Each object's own id (int64), as a table of codes that tells objects apart by identity: made once
-        per tape."""
-        table = self._scratch.get("identity")
-        if table is None:
-            table = self._scratch["identity"] = np.arange(len(self.kind), dtype=np.int64)
         return table
 
     def texts(self, objs: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -530,8 +523,9 @@ def _group_by_parent_py(parent, n_obj):
     """Counting sort of edges by parent, stable: (order, first edge of each object, its edge count). Edges
     usually come grouped already (a container's items are added by one opcode, up to 1,000 at a time): then
     one pass over the runs of equal parents finds each object's run (a parent met in a second run means they
-    are not) and the order is the identity. (Per run, not per edge: counting each edge into its parent's
-    slot took 2.4x as long, 0.79 vs 0.33 ms for a 43-file batch's 371K edges.)"""
+    are not) and the order is the identity, given as an empty array (`_edge_py`). (Per run, not per edge:
+    counting each edge into its parent's slot took 2.4x as long, 0.79 vs 0.33 ms for a 43-file batch's 371K
+    edges.)"""
     count = np.zeros(n_obj, np.int32)
     start = np.zeros(n_obj, np.int64)
     grouped = True
@@ -549,10 +543,7 @@ def _group_by_parent_py(parent, n_obj):
         count[p] = end - e
         e = end
     if grouped:
-        order = np.empty(n_edges, np.int32)   # (the identity, made as int32: no int64 copy first)
-        for e in range(n_edges):
-            order[e] = e
-        return order, start, count
+        return np.empty(0, np.int32), start, count
     count[:] = 0
     for p in parent:
         count[p] += 1
@@ -571,6 +562,12 @@ def _group_by_parent_py(parent, n_obj):
     return order, start, count
 
 
+def _edge_py(order, j):
+    """The j-th edge in parent order: `order[j]`, or j itself where `order` is empty (the edges came grouped:
+    the passes then read them in place, one indirection fewer per item)."""
+    return j if order.size == 0 else order[j]
+
+
 def _children_of_py(child, order, start, count, parents):
     """(offsets, children) of each of `parents`, concatenated in order."""
     offsets = np.empty(parents.size + 1, np.int64)
@@ -581,7 +578,7 @@ def _children_of_py(child, order, start, count, parents):
     for i in range(parents.size):
         s = start[parents[i]]
         for k in range(count[parents[i]]):
-            out[offsets[i] + k] = child[order[s + k]]
+            out[offsets[i] + k] = child[_edge(order, s + k)]
     return offsets, out
 
 
@@ -608,8 +605,14 @@ _helpers: dict = {}
 
 def group_by_parent(t: "Tape") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(order, start, count): the edges of object i are `order[start[i]:start[i] + count[i]]`, as added (the
-    order groups edges by parent, not necessarily in parent order)."""
+    order groups edges by parent, not necessarily in parent order); an empty order where the edges came
+    grouped (the usual case): object i's are then edges start[i] to start[i] + count[i] - 1 (`edge_ids`)."""
     return _compiled("group_by_parent", _group_by_parent_py)(t.parent, len(t.kind))
+
+
+def edge_ids(order: np.ndarray, first: int, n: int) -> np.ndarray:
+    """Edges first .. first + n - 1 in parent order (`group_by_parent`), as ids into the tape's edge arrays."""
+    return np.arange(first, first + n, dtype=np.int32) if order.size == 0 else order[first:first + n]
 
 
 def dense_codes(values: np.ndarray, code_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -622,11 +625,12 @@ def _compiled(name: str, fn):
     if name not in _helpers:
         import numba
 
-        global _open_table, _claim, _same_text
+        global _open_table, _claim, _same_text, _edge
         if _open_table is None:   # (resolved as the pass compiles, at its first call)
             _open_table = numba.njit(cache=True, nogil=True, inline="always")(_open_table_py)
             _claim = numba.njit(cache=True, nogil=True, inline="always")(_claim_py)
             _same_text = numba.njit(cache=True, nogil=True, inline="always")(_same_text_py)
+            _edge = numba.njit(cache=True, nogil=True, inline="always")(_edge_py)
         _helpers[name] = numba.njit(cache=True, nogil=True)(fn)
     return _helpers[name]
 
@@ -649,7 +653,7 @@ def _pivot_py(data, kind, text_start, text_len, key, child, order, start, count,
     for i in range(dicts.size):
         d = dicts[i]
         for j in range(start[d], start[d] + count[d]):
-            e = order[j]
+            e = _edge(order, j)
             k = key[e]
             s = code_of[k]
             if s == -1:
@@ -727,7 +731,7 @@ def _distinct_items_py(child, order, start, count, parents, n_obj):
         if p < 0:
             continue
         for j in range(start[p], start[p] + count[p]):
-            c = child[order[j]]
+            c = child[_edge(order, j)]
             if not seen[c]:
                 seen[c] = True
                 out[n] = c
@@ -903,19 +907,25 @@ def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, lin
 
 def _list_codes_py(child, order, start, count, lists, code_of_object):
     """Lists told apart by their items' codes in order: list object lists[i] (none where -1) has items
-    child[order[start[l]]..], each standing for `code_of_object[item]`. Returns each list's code (-1 where
-    none; codes in the order first met) and each code's first index, as `_shape_codes_py` does for shapes, but
-    reading the items where the tape holds them (no copy of them laid flat first)."""
+    child[order[start[l]]..], each standing for `code_of_object[item]` (the item itself where that is empty:
+    by identity). Returns each list's code (-1 where none; codes in the order first met) and each code's first
+    index, as `_shape_codes_py` does for shapes, but reading the items where the tape holds them (no copy of
+    them laid flat first)."""
     held, held_code, held_key, codes, reps = _open_table(lists.size)
     mask = held.size - 1
     n_codes = 0
+    # (an item's code read inline, each way chosen by a flag: an inlined helper for it made the pass 20x slower)
+    by_code = code_of_object.size > 0
     for i in range(lists.size):
         a = lists[i]
         if a < 0:
             continue
         h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(count[a])
         for j in range(start[a], start[a] + count[a]):
-            h = (h ^ np.uint64(code_of_object[child[order[j]]])) * np.uint64(1099511628211)
+            x = np.int64(child[_edge(order, j)])
+            if by_code:
+                x = code_of_object[x]
+            h = (h ^ np.uint64(x)) * np.uint64(1099511628211)
         h ^= h >> np.uint64(29)
         slot = np.int64(h & np.uint64(mask))
         while True:
@@ -927,7 +937,12 @@ def _list_codes_py(child, order, start, count, lists, code_of_object):
             if held_key[slot] == h and count[a] == count[b]:
                 same = True
                 for k in range(count[a]):
-                    if code_of_object[child[order[start[a] + k]]] != code_of_object[child[order[start[b] + k]]]:
+                    x = np.int64(child[_edge(order, start[a] + k)])
+                    y = np.int64(child[_edge(order, start[b] + k)])
+                    if by_code:
+                        x = code_of_object[x]
+                        y = code_of_object[y]
+                    if x != y:
                         same = False
                         break
                 if same:

@@ -266,6 +266,7 @@ def _compile(name: str, scratch: Path) -> Path:
         tape._open_table = numba.njit(inline="always")(tape._open_table_py)   # (the code tables' helpers)
         tape._claim = numba.njit(inline="always")(tape._claim_py)
         tape._same_text = numba.njit(inline="always")(tape._same_text_py)
+        tape._edge = numba.njit(inline="always")(tape._edge_py)
         cc = CC(name)
         cc.output_dir = str(scratch)
         cc.verbose = False

@@ -502,11 +502,11 @@ def test_edges_are_grouped_by_parent_in_the_order_added(runs, n_obj):
                   np.zeros(n_obj, np.int64), parent, np.full(parent.size, -1, np.int32), parent.copy(), -1)
     order, start, count = tape.group_by_parent(t)
     for obj in range(n_obj):
-        edges = order[start[obj]:start[obj] + count[obj]].tolist()
+        edges = tape.edge_ids(order, start[obj], count[obj]).tolist()
         assert edges == np.flatnonzero(parent == obj).tolist()
     merged = [p for i, (p, _) in enumerate(runs) if i == 0 or runs[i - 1][0] != p]
-    if len(merged) == len(set(merged)):   # (one run each)
-        assert order.tolist() == list(range(parent.size))
+    if len(merged) == len(set(merged)):   # (one run each: read in place, no order made)
+        assert order.size == 0
     assert order.dtype == np.int32 and start.dtype == np.int64 and count.dtype == np.int32
 
 
@@ -560,3 +560,11 @@ def test_list_codes_give_lists_of_equal_codes_one_code_in_the_order_first_met(li
     for i, code in enumerate(want):
         first.setdefault(code, i)
     assert reps.tolist() == [first[c] for c in range(len(seen))]
+    # the same read in place (the edges grouped: no order) and, where each code's items are one shared object,
+    # by identity (no table of codes)
+    in_place = tape.list_codes(t, np.zeros(0, np.int32), starts, counts, objects, code_of)
+    assert in_place[0].tolist() == want and in_place[1].tolist() == reps.tolist()
+    shared = np.array([len(lists) + c for items in lists for c in items or []], np.int32)
+    t_shared = tape.Tape(b"", t.kind, t.value, t.text_start, t.text_len, t.parent, t.key, shared, -1)
+    by_identity = tape.list_codes(t_shared, np.zeros(0, np.int32), starts, counts, objects, np.zeros(0, np.int64))
+    assert by_identity[0].tolist() == want and by_identity[1].tolist() == reps.tolist()
