@@ -378,8 +378,8 @@ def _scalar_columns(t: tape.Tape, ids: np.ndarray, names: list[str]) -> dict[str
 
 def _kinds(t: tape.Tape, ids: np.ndarray, allowed: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """(present: not missing and not None, kind per entry); a kind outside `allowed` is unsupported."""
-    kind = np.where(ids >= 0, t.kind[np.maximum(ids, 0)], NONE)
-    if not _only(kind, (NONE, *allowed)):
+    kind, ok = tape.kinds_of(t, ids, _mask((NONE, *allowed)))   # (missing or None: not present)
+    if not ok:
         raise _Unsupported
     return kind != NONE, kind
 
@@ -409,16 +409,14 @@ def _sequence(t, g, ids: np.ndarray, item_kinds: tuple[int, ...]):
     present, _ = _kinds(t, ids, _SEQUENCES)
     # (a missing or None value reads as an object without children: no items, then masked null)
     offsets, items = g.children_of(np.where(present, ids, g.childless))
-    if len(items) and not _only(t.kind[items], item_kinds):
+    if len(items) and not tape.kinds_of(t, items, _mask(item_kinds))[1]:
         raise _Unsupported
     return present, offsets, items
 
 
-def _only(kinds: np.ndarray, allowed: tuple[int, ...]) -> bool:
-    """Every one of `kinds` is one of `allowed` (a table lookup: np.isin sorts)."""
-    table = np.zeros(TUPLE + 1, bool)
-    table[list(allowed)] = True
-    return bool(table[kinds].all())
+def _mask(kinds: tuple[int, ...]) -> int:
+    """`kinds` as a bitmask over tape kinds (`tape.kinds_of`)."""
+    return sum(1 << k for k in set(kinds))
 
 
 def _text_items(t, g, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:

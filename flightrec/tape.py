@@ -110,6 +110,7 @@ def _load_walker() -> None:
     _compiled("pivot", _pivot_py)(np.frombuffer(b"\0", np.uint8), np.zeros(1, np.int8), i64, i64, i32, i32, i32, i64,
                                   i32, i64, np.zeros(1, np.uint8), i64, np.full(1, -1, np.int64))   # (read-only)
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
+    _compiled("kinds_of", _kinds_of_py)(np.zeros(1, np.int8), i64, 1)
     _compiled("text_codes", _text_codes_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64,   # (read-only)
                                             np.full(1, -1, np.int64), 1)
     none = np.full(1, -1, np.int64)
@@ -582,6 +583,19 @@ def _children_of_py(child, order, start, count, parents):
     return offsets, out
 
 
+def _kinds_of_py(kind, ids, allowed):
+    """Each of `ids`' kind, NONE where it is -1 (missing), and whether every one is in the bitmask `allowed`:
+    what a field's values are, in one pass (numpy took three arrays and a table)."""
+    out = np.empty(ids.size, np.int8)
+    ok = True
+    for i in range(ids.size):
+        k = np.int8(NONE) if ids[i] < 0 else kind[ids[i]]
+        out[i] = k
+        if not (allowed >> k) & 1:
+            ok = False
+    return out, ok
+
+
 def _dense_codes_py(values, code_of):
     """Object ids `values` -> (the distinct ones in order of first appearance, each value's index among them).
     `code_of`: -1 per object, and so again on return (only the entries used are reset)."""
@@ -987,6 +1001,11 @@ def children_of(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarr
     """(offsets, children) of each of `parents`; with `of=t.key`, their keys instead."""
     return _compiled("children_of", _children_of_py)(t.child if of is None else of, order, start, count,
                                                      parents.astype(np.int64))
+
+
+def kinds_of(t: "Tape", ids: np.ndarray, allowed: int) -> tuple[np.ndarray, bool]:
+    """`_kinds_of_py`: (each of `ids`' kind, NONE where -1; whether all are in the bitmask `allowed`)."""
+    return _compiled("kinds_of", _kinds_of_py)(t.kind, np.ascontiguousarray(ids, dtype=np.int64), allowed)
 
 
 def scalars(t: "Tape", ids: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:

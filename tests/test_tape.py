@@ -492,6 +492,20 @@ def test_distinct_items_are_each_parents_children_once_in_the_order_first_met(ch
     assert got.tolist() == want and got.dtype == np.int64
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-1, 7), max_size=40), st.sets(st.integers(0, 7)))
+def test_kinds_of_reads_each_objects_kind_and_checks_it(ids, allowed):
+    """`tape.kinds_of`: each object's kind (NONE where the id is -1, a missing value) and whether all are in
+    the allowed set, against numpy."""
+    kinds = np.arange(8, dtype=np.int8)   # (object i is of kind i)
+    t = tape.Tape(b"", kinds, np.zeros(8, np.int64), np.zeros(8, np.int64), np.zeros(8, np.int64),
+                  np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32), -1)
+    got, ok = tape.kinds_of(t, np.array(ids, np.int64), sum(1 << k for k in allowed))
+    want = [tape.NONE if i < 0 else i for i in ids]
+    assert got.tolist() == want and got.dtype == np.int8
+    assert ok == all(k in allowed for k in want)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 7), st.integers(1, 4)), max_size=30), st.integers(8, 10))
 def test_edges_are_grouped_by_parent_in_the_order_added(runs, n_obj):
