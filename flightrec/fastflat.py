@@ -190,17 +190,18 @@ def _pg_config(t: tape.Tape, g: _Graph, configs: np.ndarray, ranks: list[int]) -
     if (t.kind[values] != DICT).any():
         raise _Unsupported
     field = _fields(t, g, values, ("name", "desc", "ranks"))
+    # (each rank list's key made once per distinct text: every file holds the world group's)
+    texts, which = _distinct_values(t, field["ranks"])
+    list_keys = [_rank_list_key(text) for text in texts] + [None]
     rows, rank_lists = [], {}
-    for rank, key, name, desc, ranks_text in zip(owner, _optional_texts(t, keys, required=True),
-                                                 *(_optional_texts(t, field[f]) for f in ("name", "desc", "ranks"))):
+    for rank, key, name, desc, k in zip(owner, _optional_texts(t, keys, required=True),
+                                        *(_optional_texts(t, field[f]) for f in ("name", "desc")), which.tolist()):
         name = name or key
-        if not name and (not ranks_text or ranks_text.strip() in ("[]", "")):
+        if not name and (k < 0 or texts[k].strip() in ("[]", "")):
             continue   # (as flatten._pg_config_rows: Gloo's config of no group)
-        list_key = None
-        if ranks_text is not None:
-            list_key = _rank_list_key(ranks_text)
-            rank_lists[list_key] = ranks_text
-        rows.append((rank, name, desc, list_key))
+        if k >= 0:
+            rank_lists[list_keys[k]] = texts[k]
+        rows.append((rank, name, desc, list_keys[k]))
     return rows, rank_lists
 
 
@@ -211,29 +212,43 @@ def _pg_status(t: tape.Tape, g: _Graph, statuses: np.ndarray, ranks: list[int]) 
         return []
     if (t.kind[values] != DICT).any():
         raise _Unsupported
-    pg_ids = [_as_int(k) for k in _optional_texts(t, keys, required=True, ints=True)]   # (keys: text or int)
-    if None in pg_ids:
+    distinct, which = _distinct_values(t, keys, required=True, ints=True)   # (keys: text or int)
+    distinct_ids = [_as_int(k) for k in distinct]
+    if None in distinct_ids:
         raise _Unsupported
+    pg_ids = [distinct_ids[k] for k in which.tolist()]
     field = _fields(t, g, values, _STATUS_KEYS)
     counters = [_optional_ints(t, field[name]) for name in _STATUS_KEYS]
     return list(zip(owner, pg_ids, *counters))
 
 
-def _optional_texts(t: tape.Tape, ids: np.ndarray, required: bool = False, ints: bool = False) -> list:
-    """The text of each of `ids` (None where absent or None); with `ints`, an int object is its value.
-    Another kind (or an absent one when `required`) is _Unsupported: flatten would coerce it with str()."""
+def _distinct_values(t: tape.Tape, ids: np.ndarray, required: bool = False,
+                     ints: bool = False) -> tuple[list, np.ndarray]:
+    """The distinct texts among `ids` (with `ints`, int values too, after them) and each one's index among
+    them, -1 where absent or None. Another kind (or an absent one when `required`) is _Unsupported: flatten
+    would coerce it with str()."""
     present, kind = _kinds(t, ids, (STR, INT) if ints else (STR,))
     if required and not present.all():
         raise _Unsupported
-    out: list = [None] * len(ids)
-    texts = np.flatnonzero(kind == STR)
-    if len(texts):
-        words, index = t.texts(ids[texts])
-        for i, w in zip(texts.tolist(), index.tolist()):
-            out[i] = words[w]
-    for i in np.flatnonzero(kind == INT).tolist():
-        out[i] = int(t.value[ids[i]])
-    return out
+    index = np.full(len(ids), -1, np.int64)
+    distinct: list = []
+    is_text = kind == STR
+    if is_text.any():
+        distinct, index[is_text] = t.texts(ids[is_text])
+    is_int = kind == INT
+    if is_int.any():
+        numbers, codes = np.unique(t.value[ids[is_int]], return_inverse=True)
+        index[is_int] = codes.reshape(-1) + len(distinct)
+        distinct = [*distinct, *numbers.tolist()]
+    return distinct, index
+
+
+def _optional_texts(t: tape.Tape, ids: np.ndarray, required: bool = False, ints: bool = False) -> list:
+    """The text of each of `ids` (None where absent or None); with `ints`, an int object is its value.
+    Another kind (or an absent one when `required`) is _Unsupported: flatten would coerce it with str()."""
+    distinct, index = _distinct_values(t, ids, required, ints)
+    distinct = [*distinct, None]   # (index -1: None)
+    return [distinct[i] for i in index.tolist()]
 
 
 def _optional_ints(t: tape.Tape, ids: np.ndarray) -> list:
