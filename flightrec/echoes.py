@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 import polars as pl
 
@@ -76,6 +75,8 @@ def _latest_per_pipeline(lateness: dict, edges) -> dict:
     the stage before it). Late nodes with no traffic path between them are each kept; a second, independent
     straggler on a path from the first is not named (when hosts hold ranks of several pipelines, paths can
     join the whole job: then only the latest host is named). Returns each kept node's ties."""
+    import networkx as nx  # (~70 ms to import: only where timing finds late nodes)
+
     graph = nx.Graph()
     graph.add_nodes_from(lateness)
     graph.add_edges_from((a, b) for a, b in edges if a != b)
@@ -196,6 +197,8 @@ def waiting_on_links(per_host: pl.DataFrame, speeds: pl.DataFrame, slow: pl.Data
     ends = set(slow["a"].to_list()) | set(slow["b"].to_list())
     late_ms = dict(per_host.select(pl.col("host").cast(pl.String), "median_late_ms").iter_rows())
     nodes = ends | {h for h, ms in late_ms.items() if ms is not None and ms > threshold / 2}
+    import networkx as nx
+
     graph = nx.Graph()
     graph.add_nodes_from(nodes)
     graph.add_edges_from((a, b) for a, b in speeds.select(pl.col("host", "peer_host").cast(pl.String)).iter_rows()

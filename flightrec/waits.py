@@ -12,12 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import polars as pl
 
 from .inferred_groups import of_a_kind
 from .match import Matching, last_group_per_rank
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 WAIT_EDGES = pl.Schema({
     "src": pl.String,        # "r:<rank>" or "g:<group>"
@@ -37,21 +41,35 @@ class Waits:
     """The wait-for graph.
 
     Attributes:
-        edges: one row per edge (schema WAIT_EDGES), the input the graph was built from.
-        graph: networkx DiGraph over rank nodes "r:<rank>" and group nodes "g:<group>".
+        edges: one row per edge (schema WAIT_EDGES), the input the graph is built from.
+        graph: networkx DiGraph over rank nodes "r:<rank>" and group nodes "g:<group>" (made when first asked
+            for: the analysis itself reads the edges).
         roots: ranks that someone waits for (directly or through a group) and that wait for nobody.
         cycles: each a sorted list of ranks that wait for each other (a deadlock), with its groups.
         waiting: ranks that wait on something (have an outgoing edge).
     """
 
     edges: pl.DataFrame
-    graph: nx.DiGraph
     roots: list[int]
     cycles: list[tuple[list[int], list[str]]]
     waiting: list[int]
-    # (the graph is not changed once built: each set of ranks is walked once, though the root cause asks of the
-    # same lost ranks in several rules)
+    # (the edges are not changed once found: each set of ranks is walked once, though the root cause asks of
+    # the same lost ranks in several rules)
     _waiters: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @cached_property
+    def graph(self) -> nx.DiGraph:
+        import networkx as nx  # (~70 ms to import: only for who asks for the graph, or a cycle to find)
+
+        graph = nx.DiGraph()
+        graph.add_edges_from(zip(self.edges["src"].to_list(), self.edges["dst"].to_list()))
+        return graph
+
+    @cached_property
+    def _waiting_on(self) -> dict[str, list[str]]:
+        """Each node's predecessors: who waits on it."""
+        grouped = self.edges.group_by("dst").agg(pl.col("src").unique())
+        return dict(zip(grouped["dst"].to_list(), grouped["src"].to_list()))
 
     def waiters_of(self, ranks: list[int]) -> list[int]:
         """Every rank that transitively waits on any of `ranks`."""
@@ -61,11 +79,12 @@ class Waits:
         return list(self._waiters[key])
 
     def _walk_waiters(self, ranks: list[int]) -> list[int]:
+        waiting_on = self._waiting_on
         seen: set[str] = set()
-        stack = [rank_node(r) for r in ranks if rank_node(r) in self.graph]
+        stack = [rank_node(r) for r in ranks]
         while stack:
             node = stack.pop()
-            for pred in self.graph.predecessors(node):
+            for pred in waiting_on.get(node, ()):
                 if pred not in seen:
                     seen.add(pred)
                     stack.append(pred)
@@ -215,26 +234,44 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
 
 def build_waits(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None,
                 missing_ranks: Iterable[int] = ()) -> Waits:
-    edges = wait_edges(m, entries, groups, missing_ranks)
+    return waits_from_edges(wait_edges(m, entries, groups, missing_ranks))
+
+
+def waits_from_edges(edges: pl.DataFrame) -> Waits:
+    """The graph's roots, waiting ranks and cycles, from its edges (WAIT_EDGES)."""
+    sources, targets = edges["src"].unique(), edges["dst"].unique()
+    rank = pl.col("node").str.starts_with("r:")
+    as_ranks = pl.col("node").str.slice(2).cast(pl.Int64)
+    waiting = pl.DataFrame({"node": sources}).filter(rank).select(as_ranks)["node"].sort().to_list()
+    roots = (pl.DataFrame({"node": targets}).filter(rank & ~pl.col("node").is_in(sources.implode()))
+             .select(as_ranks)["node"].sort().to_list())
+    return Waits(edges=edges, roots=roots, cycles=_cycles(edges), waiting=waiting)
+
+
+def _cycles(edges: pl.DataFrame) -> list[tuple[list[int], list[str]]]:
+    """Each set of ranks that wait for each other (a strongly connected component with more than one rank),
+    with its groups. Only nodes both waited on and waiting can be in a cycle: edges touching any other node are
+    dropped until none is left (at 8,192 ranks behind one, all of them: networkx's components took 70 ms, and
+    its import as much again); networkx finds the components among what remains."""
+    core = edges.select("src", "dst")
+    while core.height:
+        kept = core.filter(pl.col("src").is_in(core["dst"].implode()) & pl.col("dst").is_in(core["src"].implode()))
+        if kept.height == core.height:
+            break
+        core = kept
+    if not core.height:
+        return []
+    import networkx as nx
+
     graph = nx.DiGraph()
-    graph.add_edges_from(zip(edges["src"].to_list(), edges["dst"].to_list()))
-
-    def is_rank(n: str) -> bool:
-        return n.startswith("r:")
-
-    roots = sorted(
-        int(n[2:]) for n in graph.nodes
-        if is_rank(n) and graph.out_degree(n) == 0 and graph.in_degree(n) > 0
-    )
+    graph.add_edges_from(zip(core["src"].to_list(), core["dst"].to_list()))
     cycles = []
     for comp in nx.strongly_connected_components(graph):
-        ranks = sorted(int(n[2:]) for n in comp if is_rank(n))
+        ranks = sorted(int(n[2:]) for n in comp if n.startswith("r:"))
         if len(ranks) > 1:
-            groups = sorted(n[2:] for n in comp if not is_rank(n))
+            groups = sorted(n[2:] for n in comp if not n.startswith("r:"))
             p2p_groups = edges.filter(
                 pl.col("src").is_in(list(comp)) & pl.col("dst").is_in(list(comp)) & (pl.col("kind") == "p2p")
             )["group"].unique().to_list()
             cycles.append((ranks, sorted(set(groups) | set(p2p_groups))))
-    cycles.sort()
-    waiting = sorted(int(n[2:]) for n in graph.nodes if is_rank(n) and graph.out_degree(n) > 0)
-    return Waits(edges=edges, graph=graph, roots=roots, cycles=cycles, waiting=waiting)
+    return sorted(cycles)
