@@ -1,5 +1,5 @@
 """`python -m flightrec`: the command line, for machines where the `flightrec` script is not on PATH."""
 
-from .cli import main
+from .cli import entry
 
-main(prog_name="flightrec")
+entry()

@@ -144,6 +144,27 @@ def _emit(text: str, output: Path | None) -> None:
 # ---------------------------------------------------------------------------------------------- commands
 
 
+def entry() -> None:
+    """The `flightrec` script and `python -m flightrec`: `main`, then out without tearing the interpreter down.
+    Nothing is left to do once a command has written its output, and freeing a big analysis object by object
+    took 0.18-0.26 s of a 2.7 s `flightrec analyze` at 8,192 ranks (0.06-0.1 s this way). Output is flushed
+    first; a message given to sys.exit is printed as Python would."""
+    try:
+        main(prog_name="flightrec")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:   # (piped into `head`, which stopped reading: not an error)
+        pass
+    os._exit(code or 0)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="flightrec")
 def main():

@@ -268,6 +268,27 @@ def test_python_dash_m_runs_the_command_line():
     assert result.returncode == 0 and "flightrec" in result.stdout
 
 
+def test_the_script_leaves_without_teardown_but_with_all_its_output_and_exit_code(runner, hung, tmp_path):
+    """`entry` ends the process at once (`os._exit`): the whole report still comes out through a pipe, the exit
+    code is the verdict's, an error is one line with exit 2, and the cache it wrote is complete."""
+    import subprocess
+    import sys
+
+    want = runner.invoke(main, ["analyze", str(hung), "--format", "json", "--no-cache"])
+    got = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(hung), "--format", "json", "-q"],
+                         capture_output=True, text=True)
+    assert got.returncode == want.exit_code == 1
+    assert json.loads(got.stdout) == json.loads(want.stdout)
+    many = ["entries", str(hung), "--last", "100000", "-q"]   # (a long output: all of it through the pipe)
+    long = subprocess.run([sys.executable, "-m", "flightrec", *many], capture_output=True, text=True)
+    assert long.returncode == 0 and long.stdout == runner.invoke(main, many).stdout and len(long.stdout) > 100_000
+    again = runner.invoke(main, ["analyze", str(hung), "--format", "json", "-q"])   # (from the cache it wrote)
+    assert json.loads(again.stdout) == json.loads(want.stdout)
+    bad = subprocess.run([sys.executable, "-m", "flightrec", "analyze", str(tmp_path / "nowhere")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stdout == ""
+
+
 def test_a_world_size_smaller_than_the_dumps_say_is_warned_about(runner, hung):
     result = runner.invoke(main, ["analyze", str(hung), "--world-size", "4", "--no-cache"])
     assert "world size 4 was given, but the dumps hold rank 15" in result.stderr and "using 16" in result.stderr
