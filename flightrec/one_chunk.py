@@ -44,6 +44,12 @@ class _Growing:
         self.reserve(at + len(values))
         self.array(at + len(values))[at:] = values   # (the view is dropped at once: the map can grow again)
 
+    def take(self, at: int, table: np.ndarray, indices: np.ndarray) -> None:
+        """Write `table[indices]` from `at` on, gathered straight into the buffer (no temporary array).
+        Indices must be in range (`mode="clip"` only spares numpy a checked copy)."""
+        self.reserve(at + len(indices))
+        np.take(table.astype(self.dtype, copy=False), indices, out=self.array(at + len(indices))[at:], mode="clip")
+
     def fill(self, at: int, end: int, value) -> None:
         self.reserve(end)
         self.array(end)[at:end] = value
@@ -79,14 +85,19 @@ class _Column:
             mapped = np.fromiter((-1 if w is None else self.codes.setdefault(w, len(self.codes)) for w in words),
                                  dtype=np.int32, count=len(words))
             indices = arr.indices
-            raw = _raw(indices.fill_null(0) if indices.null_count else indices)
-            codes = mapped[raw] if len(mapped) else np.zeros(n, np.int32)
-            if len(mapped) and (mapped < 0).any():   # (a null among the dictionary's values)
-                valid = (codes >= 0) if valid is None else valid & (codes >= 0)
-                codes = np.maximum(codes, 0)
             if len(self.codes) > _NARROW_CODES and self.values.dtype != np.int32:
                 self._widen(at)
-            self.values.write(at, codes.astype(self.values.dtype, copy=False))
+            if len(mapped) and (mapped >= 0).all() and indices.null_count < n:
+                # (each row's code gathered straight into the column: no int32 copy, no cast; under a null row
+                # the index is whatever the buffer holds, clipped into range, and its validity says null)
+                self.values.take(at, mapped, _raw(indices))
+            else:   # every row null (maybe with no buffer of indices), or a null among the dictionary's values
+                raw = _raw(indices.fill_null(0) if indices.null_count else indices)
+                codes = mapped[raw] if len(mapped) else np.zeros(n, np.int32)
+                if len(mapped):
+                    valid = (codes >= 0) if valid is None else valid & (codes >= 0)
+                    codes = np.maximum(codes, 0)
+                self.values.write(at, codes.astype(self.values.dtype, copy=False))
         elif pa.types.is_boolean(self.type):
             self.values.write(at, np.asarray(arr.fill_null(False)).view(np.uint8))
         else:
