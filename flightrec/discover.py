@@ -29,7 +29,7 @@ _PICKLE_OR_GZIP = (b"\x80", b"\x1f\x8b")
 _DUMP_HEAD = re.compile(rb"^(?:\x80|\x1f\x8b|(?:\xef\xbb\xbf)?\s*(?:\{|\[\s*(?:[\[{\]]|$)|$))")
 
 
-def _head(path: Path) -> bytes | None:
+def _head(path: str | Path) -> bytes | None:
     try:
         with open(path, "rb") as fh:
             return fh.read(64)
@@ -37,13 +37,13 @@ def _head(path: Path) -> bytes | None:
         return None
 
 
-def _looks_binary_dump(path: Path) -> bool:
+def _looks_binary_dump(path: str | Path) -> bool:
     """A skipped file is worth a warning when it starts like a pickle or gzip dump (notes, logs and JSON
     reports beside the dumps are skipped quietly)."""
     return (_head(path) or b"").startswith(_PICKLE_OR_GZIP)
 
 
-def _starts_like_a_dump(path: Path) -> bool:
+def _starts_like_a_dump(path: str | Path) -> bool:
     """The first bytes could begin a pickle, gzip or JSON dump (a core file or a log could not). An empty or
     unreadable file is kept: it is refused with its reason when read ("empty file": the rank died dumping)."""
     head = _head(path)
@@ -52,7 +52,7 @@ def _starts_like_a_dump(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class DumpFile:
-    path: Path
+    path: str   # (a string, not a Path: making 16K Paths took ~40% of listing a dump folder)
     rank: int
     host: str | None
     size: int
@@ -70,11 +70,11 @@ def _strip_suffixes(name: str) -> str:
     return name
 
 
-def _walk_files(root: Path) -> list[tuple[Path, str, os.stat_result]]:
-    """Every regular file below root: (path, its folder, its stat), following directory symlinks once (loops
-    are cut). One `scandir` a folder, one stat a file, paths made as children of their folder's: at 16K dumps,
-    `os.walk`, two stats a file and a parsed path each took 0.4 s of a 10 s warm analysis."""
-    found: list[tuple[Path, str, os.stat_result]] = []
+def _walk_files(root: Path) -> list[tuple[str, str, str, os.stat_result]]:
+    """Every regular file below root: (path, its folder, its name, its stat), following directory symlinks once
+    (loops are cut). One `scandir` a folder, one stat a file, paths kept as the strings `scandir` makes: at 16K
+    dumps, `os.walk`, two stats a file and a parsed path each took 0.4 s of a 10 s warm analysis."""
+    found: list[tuple[str, str, str, os.stat_result]] = []
     seen_dirs: set[tuple[int, int]] = set()
     pending = [os.fspath(root)]
     while pending:
@@ -92,7 +92,7 @@ def _walk_files(root: Path) -> list[tuple[Path, str, os.stat_result]]:
             warnings.warn(f"cannot list {folder} ({exc.strerror or exc}): any dumps in it are not read; "
                           "fix its permissions, or run as a user who can read it", stacklevel=3)
             continue
-        subfolders, base = [], Path(folder)
+        subfolders = []
         for entry in listing:
             if entry.name.startswith("."):
                 continue
@@ -101,7 +101,7 @@ def _walk_files(root: Path) -> list[tuple[Path, str, os.stat_result]]:
                     if entry.name != CACHE_DIR_NAME:
                         subfolders.append(entry.path)
                 elif entry.is_file():
-                    found.append((base / entry.name, folder, entry.stat()))
+                    found.append((entry.path, folder, entry.name, entry.stat()))
             except OSError:
                 continue   # (a file removed or a link broken while listing)
         pending.extend(reversed(subfolders))   # depth first, in name order
@@ -145,24 +145,24 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     root = Path(root)
     if not root.exists():
         raise NoDumpsError(f"{root}: no such file or directory; pass the folder the ranks wrote their dumps to")
-    paths = [(root, "", root.stat())] if root.is_file() else _walk_files(root)
+    paths = [(str(root), "", root.name, root.stat())] if root.is_file() else _walk_files(root)
 
-    candidates: list[tuple[Path, str, int, os.stat_result]] = []
-    skipped: list[Path] = []
+    candidates: list[tuple[str, str, int, os.stat_result, str]] = []
+    skipped: list[str] = []
     folders: set[str] = set()
-    for path, folder, stat in paths:
-        stem = _strip_suffixes(path.name)
+    for path, folder, name, stat in paths:
+        stem = _strip_suffixes(name)
         if prefix is not None:
             if (not stem.startswith(prefix) or not stem[len(prefix):].isdigit()
                     or len(stem) - len(prefix) > _MAX_RANK_DIGITS):
                 skipped.append(path)
                 continue
-            candidates.append((path, "", int(stem[len(prefix):]), stat))
+            candidates.append((path, "", int(stem[len(prefix):]), stat, folder))
             folders.add(folder)
             continue
         match = _TRAILING_RANK.match(stem)
         if match and len(match["rank"]) <= _MAX_RANK_DIGITS:
-            candidates.append((path, match["prefix"], int(match["rank"]), stat))
+            candidates.append((path, match["prefix"], int(match["rank"]), stat, folder))
             folders.add(folder)
         else:
             skipped.append(path)
@@ -170,17 +170,17 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     # starts like one: else it would claim a rank (`rank 4242 of 4243`) and shadow the real dump of its rank.
     # Names shared by several files are not opened here (16K opens: 0.1 s of a warm run).
     if prefix is None:
-        counts = Counter(name_prefix for _, name_prefix, _, _ in candidates)
+        counts = Counter(c[1] for c in candidates)
         strays = [c for c in candidates if len(counts) > 1 and counts[c[1]] == 1 and not _starts_like_a_dump(c[0])]
         if strays:
-            names = ", ".join(c[0].name for c in strays[:5]) + (", ..." if len(strays) > 5 else "")
+            names = ", ".join(os.path.basename(c[0]) for c in strays[:5]) + (", ..." if len(strays) > 5 else "")
             warnings.warn(f"ignored {len(strays)} file(s) that end in a number but are no dump: {names}",
                           stacklevel=2)
             stray_paths = {c[0] for c in strays}
             candidates = [c for c in candidates if c[0] not in stray_paths]
     noteworthy = [p for p in skipped if _looks_binary_dump(p)]
     if candidates and noteworthy:
-        names = ", ".join(p.name for p in noteworthy[:5]) + (", ..." if len(noteworthy) > 5 else "")
+        names = ", ".join(os.path.basename(p) for p in noteworthy[:5]) + (", ..." if len(noteworthy) > 5 else "")
         warnings.warn(f"ignored {len(noteworthy)} file(s) whose name has no rank number: {names} "
                       "(pass --prefix if they are dumps)", stacklevel=2)
 
@@ -192,7 +192,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
         )
 
     # Host from the name: the part of the prefix before what all prefixes share, when it differs per file.
-    name_prefixes = [p for _, p, _, _ in candidates]
+    name_prefixes = [c[1] for c in candidates]
     host_by_name: dict[str, str | None] = {}
     if len(set(name_prefixes)) > 1:
         shared = _common_suffix(name_prefixes)
@@ -206,11 +206,14 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     lone_host = None if folder_is_host else _lone_host_folder(root, folders, [c[2] for c in candidates])
 
     files = []
-    for path, name_prefix, rank, stat in candidates:
+    host_of_folder: dict[str, str | None] = {}
+    for path, name_prefix, rank, stat, folder in candidates:
         host = host_by_name.get(name_prefix)
         if host is None and folder_is_host:
-            parts = path.parent.parts
-            host = parts[host_level] if host_level < len(parts) else None
+            if folder not in host_of_folder:
+                parts = Path(folder).parts
+                host_of_folder[folder] = parts[host_level] if host_level < len(parts) else None
+            host = host_of_folder[folder]
         host = host or lone_host
         files.append(DumpFile(path=path, rank=rank, host=host, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     return _one_file_per_rank(files)

@@ -530,8 +530,8 @@ def _warn_unconverted(path: str | os.PathLike, shards: list[Path], prefix: str |
     loose = [f for f in files if not str(f.path).startswith(tuple(inside))]
     if loose:
         warnings.warn(f"{path}: read {len(shards)} converted shard(s) and ignored {len(loose)} dump "
-                      f"file(s) outside them (e.g. {loose[0].path.name}); convert those too, or point flightrec at "
-                      "a folder holding only one kind", stacklevel=3)
+                      f"file(s) outside them (e.g. {os.path.basename(loose[0].path)}); convert those too, or point "
+                      "flightrec at a folder holding only one kind", stacklevel=3)
 
 
 def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.DataFrame]:

@@ -14,7 +14,6 @@ import shutil
 import tempfile
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
@@ -49,7 +48,7 @@ def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
     """Worker: read (unless `data` was) and flatten one file. Errors come back as data so one bad file can't
     stop the job."""
     try:
-        dump, fmt = parse_dump_bytes(read_dump_bytes(Path(path)) if data is None else data, path)
+        dump, fmt = parse_dump_bytes(read_dump_bytes(path) if data is None else data, path)
         out = flatten_dump(dump, rank)
         del dump
         out["metas"][0].update(format=fmt, loaded=True)
@@ -76,7 +75,7 @@ def _read_batches(items: list[tuple[str, int]], limit: int, left: dict):
     batch, held = [], 0
     for item in items:
         try:
-            data = read_dump_bytes(Path(item[0]))
+            data = read_dump_bytes(item[0])
         except (FlightrecError, OSError):
             left[item] = None
             continue

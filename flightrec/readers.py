@@ -190,7 +190,7 @@ def read_dump(path: Path) -> tuple[dict, str]:
     return parse_dump_bytes(read_dump_bytes(path), str(path))
 
 
-def read_dump_bytes(path: Path) -> bytes:
+def read_dump_bytes(path: str | Path) -> bytes:
     """The file's bytes (gunzipped), after the checks that it can be a dump at all."""
     source = str(path)
     # (one descriptor, its size from fstat and one read of that size: a buffered open, stat, peek and seek

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 
@@ -70,7 +71,7 @@ def test_two_files_for_one_rank_keep_newer(tmp_path):
     os.utime(tmp_path / "a" / "rank_3", ns=(1, 1))
     with pytest.warns(UserWarning, match="two dumps claim rank 3"):
         files = discover(tmp_path)
-    assert [str(f.path.parent.name) for f in files] == ["b"]
+    assert [Path(f.path).parent.name for f in files] == ["b"]
 
 
 def test_no_dumps_is_a_clear_error(tmp_path):
@@ -103,7 +104,7 @@ def test_files_that_end_in_a_number_but_are_no_dump_claim_no_rank(tmp_path):
     (tmp_path / "rescued_rank_7.json").write_text("{}")
     with pytest.warns(UserWarning, match="no dump: core.4242, train.log.1"):
         files = discover(tmp_path)
-    assert [(f.rank, f.path.name) for f in files] == [
+    assert [(f.rank, Path(f.path).name) for f in files] == [
         (0, "nccl_trace_rank_0"), (1, "nccl_trace_rank_1"), (2, "nccl_trace_rank_2"), (3, "nccl_trace_rank_3"),
         (7, "rescued_rank_7.json")]
 
@@ -119,7 +120,7 @@ def test_of_two_files_claiming_a_rank_the_one_that_starts_like_a_dump_is_kept(tm
     os.utime(good, ns=(1, 1))   # the dump is the older one
     with pytest.warns(UserWarning, match="keeping the readable"):
         files = discover(tmp_path)
-    assert [f.path for f in files] == [good]
+    assert [f.path for f in files] == [str(good)]
 
 
 def test_hosts_from_names_and_folders_when_one_name_or_level_is_plain(tmp_path):

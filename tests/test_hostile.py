@@ -149,7 +149,7 @@ def test_unreadable_file_is_refused(job_dir, monkeypatch):
     real = parse_pool.read_dump_bytes
 
     def deny(path):
-        if path.name.endswith("_7"):
+        if str(path).endswith("_7"):
             raise PermissionError(13, "Permission denied", str(path))
         return real(path)
     monkeypatch.setattr(parse_pool, "read_dump_bytes", deny)
