@@ -265,7 +265,18 @@ def _entries_frame(parts: list) -> pl.DataFrame:
 
 
 def _parse_rank_lists(texts: list[str | None]) -> list[list[int] | None]:
-    """Each distinct `ranks` string once: the world group's list is the same string on every rank."""
+    """Each distinct `ranks` string once: the world group's list is the same string on every rank. Parsed as
+    one JSON array of them all where each is one bracketed list of ints (one call, not one per group: 3,105
+    groups at 8,192 ranks), else one at a time, where a bad one reads as None. (One pair of brackets each: so
+    bad texts can't join into good lists, as "[1],[2" and "3]" would.)"""
+    if texts and all(t and t[0] == "[" and t[-1] == "]" and t.count("[") == 1 and t.count("]") == 1 for t in texts):
+        try:
+            values = json.loads("[" + ",".join(texts) + "]")
+        except (ValueError, TypeError):
+            values = None
+        if (values is not None and len(values) == len(texts)
+                and all(type(v) is list and all(type(x) is int for x in v) for v in values)):
+            return [sorted(v) for v in values]
     out = []
     for text in texts:
         try:

@@ -521,3 +521,18 @@ def test_a_memory_spool_left_by_a_killed_run_is_removed_by_the_next(tmp_path, mo
     with parse_pool._memory_spool() as folder:
         assert Path(folder).name.startswith(f"flightrec-spool-{os.getpid()}-")
     assert not orphan.exists() and live.exists() and other.exists()
+
+
+def test_rank_lists_parsed_together_read_as_one_at_a_time():
+    """The one-call parse of every group's rank list gives what parsing each alone gives, bad ones included."""
+    from flightrec.load import _parse_rank_lists
+
+    def alone(texts):
+        return [_parse_rank_lists([t])[0] if t is not None else None for t in texts]
+
+    good = ["[3, 1, 2]", "[0]", "[]", "[" + ", ".join(map(str, range(64))) + "]"]
+    assert _parse_rank_lists(good) == [[1, 2, 3], [0], [], list(range(64))]
+    for bad in (["[1],[2", "3]"], ["[1, 2]", "x"], ["[1, 2]", None], ["[3, 1.5]", "[2]"], ["[true]", "[2]"],
+                ["[1, [2]]", "[0]"], [' [1]', "[0]"], ['["a"]', "[0]"]):
+        assert _parse_rank_lists(bad) == alone(bad), bad
+    assert _parse_rank_lists(["[1],[2", "3]"]) == [None, None]
