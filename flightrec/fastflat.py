@@ -85,7 +85,13 @@ def flatten_pickles(datas: list[bytes], ranks: list[int]) -> tuple[dict[str, Any
     whole batch's columns, metadata, groups and statuses made by array passes: per file, that work cost more
     than unpickling a 200-entry dump. A batch holding something those passes don't take (an older recorder's
     pg_config, a value of another type) is read a file at a time (`_one_file`)."""
-    joined, roots = tape.read_many(datas)
+    return flatten_laid_out(b"".join(datas), np.array([len(d) for d in datas], dtype=np.int64), ranks)
+
+
+def flatten_laid_out(data: bytes | bytearray, sizes: np.ndarray, ranks: list[int]) -> tuple[dict[str, Any] | None,
+                                                                                           list[int]]:
+    """`flatten_pickles` of files laid end to end from the start of `data` (`tape.read_laid_out`)."""
+    joined, roots = tape.read_laid_out(data, sizes)
     taken = [i for i, root in enumerate(roots) if root >= 0]
     if joined is None or not taken:
         return None, []

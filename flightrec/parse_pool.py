@@ -16,6 +16,7 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable
 
+import numpy as np
 import pyarrow as pa
 
 from . import fastflat, tape
@@ -31,7 +32,7 @@ from .flatten import (
     rows_table,
 )
 from .one_chunk import OneChunkTable
-from .readers import parse_dump_bytes, read_dump_bytes
+from .readers import MAX_DUMP_BYTES, parse_dump_bytes, read_dump_bytes
 
 # Below this much input the tape reader's start by numba's JIT (each worker importing numba and loading the
 # compiled walker: ~0.45 s, all at once) costs more than it saves. Measured on two workers with 8,192 x 200
@@ -67,13 +68,46 @@ _TAPE_BATCH_BYTES = 4 << 20
 
 
 def _read_batches(items: list[tuple[str, int]], limit: int, left: dict):
-    """The pickles among `items` read a batch at a time, in order: lists of (item, bytes) whose total stays
-    under `limit` (a bigger file alone). Read as they are parsed, so a worker holds one batch's bytes, not its
-    chunk's: every byte a worker first touches is a fresh page, slow on VMs (see `_keep_freed_memory`). The
-    rest go into `left`: JSON with its bytes, a file that could not be read with None (read again, and its
-    reason reported, by `_parse_one`)."""
-    batch, held = [], 0
+    """The pickles among `items` read a batch at a time, in order: (the batch's items, a buffer holding their
+    bytes laid end to end from its start, their sizes), under `limit` bytes a batch (a bigger file alone). Read
+    as they are parsed, into one buffer reused batch after batch: a worker holds one batch's bytes, its pages
+    touched once (every page first touched is slow on VMs, see `_keep_freed_memory`), and a file costs one
+    read (no bytes object per file, no joined copy of the batch). So a batch must be done with before the
+    next is asked for. The rest go into `left`: JSON with its bytes, a file that could not be read with None
+    (read again, and its reason reported, by `_parse_one`)."""
+    buffer = bytearray(limit + 1)
+    batch: list[tuple[str, int]] = []
+    sizes: list[int] = []
+    held = 0
+
+    def room(size: int):
+        """Where a file of `size` bytes goes: after the batch's, or (yielding the batch) at the start."""
+        nonlocal buffer, batch, sizes, held
+        if batch and held + size > limit:
+            yield batch, buffer, np.array(sizes, dtype=np.int64)
+            batch, sizes, held = [], [], 0
+        if len(buffer) < held + size + 1:   # (a file bigger than a batch, alone: the batch is empty)
+            buffer = bytearray(held + size + 1)
+
     for item in items:
+        fd = _open_dump(item[0])
+        if fd is not None:
+            # (one open, fstat and read a file: a pickle of exactly the size fstat gave goes straight in)
+            try:
+                size = os.fstat(fd).st_size
+                if 0 < size <= MAX_DUMP_BYTES:
+                    yield from room(size)
+                    got = os.readv(fd, [memoryview(buffer)[held:held + size + 1]])
+                    if got == size and buffer[held] == 0x80:
+                        batch.append(item)
+                        sizes.append(size)
+                        held += size
+                        continue
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        # (anything else as before: gzip, JSON, an empty or unreadable file, one that grew or shrank while read)
         try:
             data = read_dump_bytes(item[0])
         except (FlightrecError, OSError):
@@ -82,22 +116,30 @@ def _read_batches(items: list[tuple[str, int]], limit: int, left: dict):
         if data[:1] != b"\x80":
             left[item] = data   # JSON (and below, pickles the tape leaves): read once, parsed as ever
             continue
-        if batch and held + len(data) > limit:
-            yield batch
-            batch, held = [], 0
-        batch.append((item, data))
+        yield from room(len(data))
+        buffer[held:held + len(data)] = data
+        batch.append(item)
+        sizes.append(len(data))
         held += len(data)
     if batch:
-        yield batch
+        yield batch, buffer, np.array(sizes, dtype=np.int64)
+
+
+def _open_dump(path: str) -> int | None:
+    """A descriptor to read the file, or None where it can't be opened (`read_dump_bytes` then says why)."""
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    except OSError:
+        return None
 
 
 def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
-    """A chunk of files through the tape reader a batch at a time (`fastflat.flatten_pickles`): a part per
+    """A chunk of files through the tape reader a batch at a time (`fastflat.flatten_laid_out`): a part per
     batch. The files it doesn't take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
     parts, left = [], {}
-    for batch in _read_batches(items, _TAPE_BATCH_BYTES, left):
+    for batch, buffer, sizes in _read_batches(items, _TAPE_BATCH_BYTES, left):
         try:
-            part, read = fastflat.flatten_pickles([data for _, data in batch], [item[1] for item, _ in batch])
+            part, read = fastflat.flatten_laid_out(buffer, sizes, [item[1] for item in batch])
         except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them
             part, read = None, []
         if part is not None:
@@ -105,7 +147,10 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
                 meta.update(format="pickle", loaded=True)
             parts.append(part)
         taken = set(read)
-        left.update(batch[j] for j in range(len(batch)) if j not in taken)
+        # (their bytes copied out: the buffer is the next batch's)
+        ends = np.cumsum(sizes)
+        left.update((batch[j], bytes(buffer[ends[j] - sizes[j]:ends[j]])) for j in range(len(batch))
+                    if j not in taken)
     parts.extend(_parse_one(*item, left[item]) for item in items if item in left)
     return parts
 

@@ -206,26 +206,34 @@ def read_many(datas: list[bytes]) -> tuple[Tape | None, np.ndarray]:
     each one's root object: -1 for a file this reader doesn't take (its objects are left out)."""
     if not datas:
         return None, np.zeros(0, np.int64)
+    return read_laid_out(b"".join(datas), np.array([len(d) for d in datas], dtype=np.int64))
+
+
+def read_laid_out(data: bytes | bytearray, sizes: np.ndarray) -> tuple[Tape | None, np.ndarray]:
+    """`read_many` of files laid end to end from the start of `data` (which may run on past them: a reader's
+    buffer, reused batch after batch), file i `sizes[i]` bytes. The tape keeps `data`: it must not change while
+    the tape is read."""
+    if not len(sizes):
+        return None, np.zeros(0, np.int64)
     warm()
-    joined = b"".join(datas)
-    buf = np.frombuffer(joined, dtype=np.uint8)
-    sizes = np.array([len(d) for d in datas], dtype=np.int64)
+    buf = np.frombuffer(data, dtype=np.uint8)
     ends = np.cumsum(sizes)
     starts = ends - sizes
+    total = int(ends[-1])
     memo_capacity = int(sizes.max()) // 2 + 64   # a memo slot follows an object: two bytes at least
     # (dumps hold an edge per 5-18 bytes, an object per 8-32: start there, double when short, up to a slot
     # per byte, which is always enough: every object, edge or stack slot takes a byte of input at least)
-    capacity = len(joined) // 4 + 64
+    capacity = total // 4 + 64
     while True:
         status, roots, kind, value, start, length, parent, key, child, n_obj, n_edge = _walk(
             buf, starts, ends, capacity, memo_capacity)
-        if status == _TOO_SMALL and capacity < len(joined) + 64:
-            capacity = min(2 * capacity, len(joined) + 64)
+        if status == _TOO_SMALL and capacity < total + 64:
+            capacity = min(2 * capacity, total + 64)
             continue
         break
     if status < 0:
-        return None, np.full(len(datas), -1, np.int64)
-    return Tape(joined, kind[:n_obj], value[:n_obj], start[:n_obj], length[:n_obj], parent[:n_edge],
+        return None, np.full(len(sizes), -1, np.int64)
+    return Tape(data, kind[:n_obj], value[:n_obj], start[:n_obj], length[:n_obj], parent[:n_edge],
                 key[:n_edge], child[:n_edge], -1), roots
 
 

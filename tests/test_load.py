@@ -377,24 +377,32 @@ def test_chunks_cover_the_files_in_rank_order_and_shrink_towards_the_end():
 
 
 def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
-    """`parse_pool._read_batches`: pickles in order, in batches under the limit (a bigger file alone), each
-    read as its batch is taken; JSON and unreadable files are left aside, with their bytes or None."""
+    """`parse_pool._read_batches`: pickles in order, in batches under the limit (a bigger file alone), laid end
+    to end in one buffer, each read as its batch is taken; a gzipped pickle joins them unzipped; JSON and
+    unreadable files are left aside, with their bytes or None."""
+    import gzip
+
     from flightrec import parse_pool
 
+    contents = [b"\x80" + b"a" * 99, b"\x80" + b"b" * 99, b'{"entries": []}', b"\x80" + b"c" * 299,
+                b"\x80" + b"d" * 49, b"\x80" + b"e" * 59]
     items = []
-    for i, data in enumerate([b"\x80" + b"p" * 99, b"\x80" + b"p" * 99, b'{"entries": []}', b"\x80" + b"p" * 299,
-                              b"\x80" + b"p" * 49]):
-        (tmp_path / f"rank_{i}").write_bytes(data)
+    for i, data in enumerate(contents):
+        (tmp_path / f"rank_{i}").write_bytes(gzip.compress(data) if i == 5 else data)
         items.append((str(tmp_path / f"rank_{i}"), i))
     items.append((str(tmp_path / "rank_9"), 9))   # (no such file)
     left: dict = {}
     batches = parse_pool._read_batches(items, 250, left)
-    first = next(batches)
-    # (read so far: up to the pickle that starts the next batch, not the rest of the chunk)
-    assert [rank for (_, rank), _ in first] == [0, 1] and left == {items[2]: b'{"entries": []}'}
-    rest = list(batches)
-    assert [[rank for (_, rank), _ in batch] for batch in rest] == [[3], [4]]
-    assert left == {items[2]: b'{"entries": []}', items[5]: None}
+    seen = []
+    for batch, buffer, sizes in batches:
+        ranks = [rank for _, rank in batch]
+        assert bytes(buffer[:int(sizes.sum())]) == b"".join(contents[r] for r in ranks)   # (before the next)
+        if not seen:
+            # (read so far: up to the pickle that starts the next batch, not the rest of the chunk)
+            assert ranks == [0, 1] and left == {items[2]: b'{"entries": []}'}
+        seen.append(ranks)
+    assert seen == [[0, 1], [3], [4, 5]]
+    assert left == {items[2]: b'{"entries": []}', items[6]: None}
 
 
 @pytest.mark.parametrize("case", ["healthy", "healthy_json", "skip_collective", "writer_sharing", "rolled_past_dp"])

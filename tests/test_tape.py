@@ -466,8 +466,8 @@ def test_the_tapes_table_of_codes_is_left_as_found_after_every_pass(monkeypatch)
     third of the reading time), each resetting what it wrote: a stale code would merge two texts or frames of
     a later pass. Checked after a whole batch."""
     tapes = []
-    read_many = tape.read_many
-    monkeypatch.setattr(tape, "read_many", lambda *a, **k: tapes.append(read_many(*a, **k)) or tapes[-1])
+    read_laid_out = tape.read_laid_out
+    monkeypatch.setattr(tape, "read_laid_out", lambda *a, **k: tapes.append(read_laid_out(*a, **k)) or tapes[-1])
     datas = [p.read_bytes() for p in PICKLES[:8]]
     got, read = fastflat.flatten_pickles(datas, list(range(len(datas))))
     assert read == list(range(len(datas)))
