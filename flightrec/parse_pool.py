@@ -86,8 +86,11 @@ def _read_batches(items: list[tuple[str, int]], limit: int, left: dict):
         if batch and held + size > limit:
             yield batch, buffer, np.array(sizes, dtype=np.int64)
             batch, sizes, held = [], [], 0
+            if len(buffer) > 2 * (limit + 1):   # (a file bigger than a batch was: its room is not kept)
+                buffer = bytearray(limit + 1)
         if len(buffer) < held + size + 1:   # (a file bigger than a batch, alone: the batch is empty)
-            buffer = bytearray(held + size + 1)
+            assert held == 0
+            buffer = bytearray(size + 1)
 
     for item in items:
         fd = _open_dump(item[0])
@@ -149,8 +152,9 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
         taken = set(read)
         # (their bytes copied out: the buffer is the next batch's)
         ends = np.cumsum(sizes)
-        left.update((batch[j], bytes(buffer[ends[j] - sizes[j]:ends[j]])) for j in range(len(batch))
-                    if j not in taken)
+        with memoryview(buffer) as view:
+            left.update((batch[j], bytes(view[ends[j] - sizes[j]:ends[j]])) for j in range(len(batch))
+                        if j not in taken)
     parts.extend(_parse_one(*item, left[item]) for item in items if item in left)
     return parts
 
