@@ -544,3 +544,34 @@ def test_rank_lists_parsed_together_read_as_one_at_a_time():
                 ["[1, [2]]", "[0]"], [' [1]', "[0]"], ['["a"]', "[0]"]):
         assert _parse_rank_lists(bad) == alone(bad), bad
     assert _parse_rank_lists(["[1],[2", "3]"]) == [None, None]
+
+
+def test_op_and_state_become_enums_straight_from_their_codes_as_the_cast_made_them():
+    """`_entries_frame` maps op and state's dictionary codes to the enums' own: the same frame as reading them
+    as categoricals and casting, with chunks of different dictionaries, nulls, a slice and an all-null chunk;
+    a text outside the enum still goes the cast's way, which names it."""
+    from flightrec.load import _as_enum, _entries_frame
+    from flightrec.schema import ENTRIES, Op, State, conform
+
+    def chunk(states, ops):
+        n = len(states)
+        return pa.table({"rank": pa.array(range(n), pa.int64()),
+                         "state": pa.array(states, pa.string()).dictionary_encode(),
+                         "op": pa.array(ops, pa.string()).dictionary_encode()})
+
+    first = chunk(["completed", None, "scheduled", "started"], ["all_gather", "send", None, "send"])
+    second = chunk(["started", "started", "unknown", "completed", None], ["recv", None, "barrier", "recv", "send"])
+    parts = [first, second.slice(1), chunk([None, None], [None, None])]
+
+    def by_cast(tables):
+        return conform(pl.from_arrow(pa.concat_tables(tables, promote_options="permissive"), rechunk=False), ENTRIES)
+
+    together = pa.concat_tables(parts, promote_options="permissive")
+    assert _as_enum(together.column("state"), State) is not None and _as_enum(together.column("op"), Op) is not None
+    got = _entries_frame(parts)
+    assert got.equals(by_cast(parts))
+    assert got["state"].to_list() == ["completed", None, "scheduled", "started", "started", "unknown", "completed",
+                                      None, None, None]
+    assert got["op"].n_chunks() == got["rank"].n_chunks()   # (aligned chunks: `assemble` checks them)
+    with pytest.raises(pl.exceptions.InvalidOperationError, match="cancelled"):
+        _entries_frame([chunk(["cancelled"], ["send"])])
