@@ -312,6 +312,9 @@ def _mix(h: np.ndarray) -> np.ndarray:
 def _saturated_int32(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     """Int64 -> int32, out-of-range values clamped (a timeout past 24 days reads as 24 days). Narrow columns
     that are never keys keep the entries frame small: 4 bytes a row is 120 MB at 31M entries."""
+    low, high = pc.min_max(arr).values()
+    if low.as_py() is None or (low.as_py() >= -_I32_MAX - 1 and high.as_py() <= _I32_MAX):
+        return pc.cast(arr, _I32)   # (every value fits, or none is there: no clamp to build)
     # (skip_nulls=False: a missing timeout stays null, not the clamp's bound)
     clamped = pc.max_element_wise(pc.min_element_wise(arr, _I32_MAX, skip_nulls=False), -_I32_MAX - 1,
                                   skip_nulls=False)
@@ -319,8 +322,18 @@ def _saturated_int32(arr: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _zero_to_null(arr: pa.ChunkedArray) -> pa.ChunkedArray:
-    """The JSON writer puts 0 where the pickle has None."""
+    """The JSON writer puts 0 where the pickle has None. (A column without a 0, as a pickle's, is kept as is.)"""
+    if not pc.any(pc.equal(arr, 0)).as_py():
+        return arr
     return pc.if_else(pc.equal(arr, 0), pa.scalar(None, arr.type), arr)
+
+
+def _coalesce(first: pa.ChunkedArray, fallback: Callable[[], pa.ChunkedArray], source: pa.ChunkedArray):
+    """`first`, its nulls filled from `fallback()` (an older recorder's field, computed from `source`): only
+    where both hold something to fill, else `first` as it is (one pass and array less per column)."""
+    if first.null_count == 0 or source.null_count == len(source):
+        return first
+    return pc.coalesce(first, fallback())
 
 
 def derive_entries(raw: pa.Table) -> pa.Table:
@@ -332,10 +345,20 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     raw = raw_derived(raw)
     names = raw["profiling_name"].combine_chunks()
     infos = [normalize_op(n) for n in names.dictionary.to_pylist()]
-    op = pc.take(pa.array([i[0] for i in infos], type=_STR), names.indices) if infos else pa.nulls(len(names), _STR)
     peers = [i[1] if i[1] is not None and 0 <= i[1] < _I32_MAX else None for i in infos]
     peer = pc.take(pa.array(peers, type=_I32), names.indices) if infos else pa.nulls(len(names), _I32)
-    op = pc.fill_null(op, "unknown")
+    # The op as a dictionary over the distinct names' ops (a row without a name, or a name of no op known:
+    # "unknown"), its codes taken per row: no text made per row and hashed again to encode it.
+    ops = [i[0] or "unknown" for i in infos] + ["unknown"]
+    distinct_ops = list(dict.fromkeys(ops))
+    code_of_name = pa.array([distinct_ops.index(o) for o in ops], type=_I32)
+    codes = names.indices if names.indices.null_count == 0 else pc.fill_null(names.indices, len(infos))
+    op_codes = pc.take(code_of_name, codes)
+    op = pa.DictionaryArray.from_arrays(op_codes, pa.array(distinct_ops, type=_STR))
+    is_p2p = raw["is_p2p"]
+    if is_p2p.null_count:
+        by_op = pc.take(pa.array([o in ("send", "recv") for o in distinct_ops], type=_BOOL), op_codes)
+        is_p2p = pc.coalesce(is_p2p, by_op)
     # before recorder 2.1 entries name no group, only the local pg id, which is then the pg_config key
     pg_name = raw[GROUP_FIELDS[0]].combine_chunks()
     if pg_name.null_count:
@@ -344,7 +367,7 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     if not set(state.dictionary.to_pylist()) <= set(_STATES):
         state = state.cast(_STR)
         state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
-    created = pc.coalesce(raw["time_created_ns"], pc.multiply(raw["time_created_us"], 1000))
+    created = _coalesce(raw["time_created_ns"], lambda: pc.multiply(raw["time_created_us"], 1000), raw["time_created_us"])
     (in_text, in_numel), (out_text, out_numel) = ((raw[name], raw[numel]) for name, numel in SIZE_FIELDS)
     table = pa.table({
         "rank": raw["rank"],
@@ -352,12 +375,12 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         "pg_desc": raw[GROUP_FIELDS[1]],
         "pg_id": raw["pg_id"],
         "record_id": raw["record_id"],
-        "collective_seq_id": pc.coalesce(raw["collective_seq_id"], raw["seq_id"]),
+        "collective_seq_id": _coalesce(raw["collective_seq_id"], lambda: raw["seq_id"], raw["seq_id"]),
         "p2p_seq_id": raw["p2p_seq_id"],
         "op_id": raw["op_id"],
         "op": op,
         "profiling_name": names,
-        "is_p2p": pc.coalesce(raw["is_p2p"], pc.is_in(op, pa.array(["send", "recv"]))),
+        "is_p2p": is_p2p,
         "peer_local": peer,
         "state": state,
         "retired": raw["retired"],
