@@ -278,8 +278,10 @@ def _as_enum(column: pa.ChunkedArray, dtype: pl.Enum) -> pl.Series | None:
     outside `dtype`: the cast then reads it (and says which values are not categories)."""
     if not pa.types.is_dictionary(column.type):
         return None
+    numpy_type = _ENUM_CODES.get(pl.Series([], dtype=dtype).to_physical().dtype)
+    if numpy_type is None:   # (an enum kept in another physical type by some Polars: the cast's way)
+        return None
     position = {category: i for i, category in enumerate(dtype.categories)}
-    numpy_type = _ENUM_CODES[pl.Series([], dtype=dtype).to_physical().dtype]
     pieces = []
     for chunk in column.chunks:
         table = np.array([position.get(word, -1) for word in chunk.dictionary.to_pylist()], np.int64)
