@@ -328,12 +328,13 @@ def _zero_to_null(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.if_else(pc.equal(arr, 0), pa.scalar(None, arr.type), arr)
 
 
-def _coalesce(first: pa.ChunkedArray, fallback: Callable[[], pa.ChunkedArray], source: pa.ChunkedArray):
-    """`first`, its nulls filled from `fallback()` (an older recorder's field, computed from `source`): only
-    where both hold something to fill, else `first` as it is (one pass and array less per column)."""
-    if first.null_count == 0 or source.null_count == len(source):
+def _coalesce(first: pa.ChunkedArray, older: pa.ChunkedArray,
+              convert: Callable[[pa.ChunkedArray], pa.ChunkedArray] | None = None) -> pa.ChunkedArray:
+    """`first`, its nulls filled from an older recorder's field (`convert`ed): computed only where both hold
+    something to fill, else `first` as it is (a pass and an array less per column)."""
+    if first.null_count == 0 or older.null_count == len(older):
         return first
-    return pc.coalesce(first, fallback())
+    return pc.coalesce(first, convert(older) if convert else older)
 
 
 def derive_entries(raw: pa.Table) -> pa.Table:
@@ -367,7 +368,7 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     if not set(state.dictionary.to_pylist()) <= set(_STATES):
         state = state.cast(_STR)
         state = pc.if_else(pc.or_(pc.is_in(state, pa.array(_STATES)), pc.is_null(state)), state, "unknown")
-    created = _coalesce(raw["time_created_ns"], lambda: pc.multiply(raw["time_created_us"], 1000), raw["time_created_us"])
+    created = _coalesce(raw["time_created_ns"], raw["time_created_us"], lambda us: pc.multiply(us, 1000))
     (in_text, in_numel), (out_text, out_numel) = ((raw[name], raw[numel]) for name, numel in SIZE_FIELDS)
     table = pa.table({
         "rank": raw["rank"],
@@ -375,7 +376,7 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         "pg_desc": raw[GROUP_FIELDS[1]],
         "pg_id": raw["pg_id"],
         "record_id": raw["record_id"],
-        "collective_seq_id": _coalesce(raw["collective_seq_id"], lambda: raw["seq_id"], raw["seq_id"]),
+        "collective_seq_id": _coalesce(raw["collective_seq_id"], raw["seq_id"]),
         "p2p_seq_id": raw["p2p_seq_id"],
         "op_id": raw["op_id"],
         "op": op,
