@@ -24,6 +24,7 @@ from . import lookup, parse_pool
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError, require_count
 from .inferred_groups import inferred_groups, place_rolled_out_members, unseen_ranks
+from .one_chunk import raw_values
 from .schema import (
     DUMPS,
     ENTRIES,
@@ -288,12 +289,9 @@ def _as_enum(column: pa.ChunkedArray, dtype: pl.Enum) -> pl.Series | None:
         if (table < 0).any():
             return None
         indices = chunk.indices
-        buffer = indices.buffers()[1]
-        if len(table) and buffer is not None:
-            raw = np.frombuffer(buffer, np.dtype(indices.type.to_pandas_dtype()),
-                                count=indices.offset + len(indices))[indices.offset:]
+        if len(table) and indices.null_count < len(indices):
             # (under a null row the index is whatever the buffer holds: clipped into range, masked below)
-            codes = np.take(table.astype(numpy_type), raw, mode="clip")
+            codes = np.take(table.astype(numpy_type), raw_values(indices), mode="clip")
         else:   # (every row null)
             codes = np.zeros(len(chunk), numpy_type)
         mask = np.asarray(indices.is_null()) if indices.null_count else None

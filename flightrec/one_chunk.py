@@ -90,9 +90,9 @@ class _Column:
             if len(mapped) and (mapped >= 0).all() and indices.null_count < n:
                 # (each row's code gathered straight into the column: no int32 copy, no cast; under a null row
                 # the index is whatever the buffer holds, clipped into range, and its validity says null)
-                self.values.take(at, mapped, _raw(indices))
+                self.values.take(at, mapped, raw_values(indices))
             else:   # every row null (maybe with no buffer of indices), or a null among the dictionary's values
-                raw = _raw(indices.fill_null(0) if indices.null_count else indices)
+                raw = raw_values(indices.fill_null(0) if indices.null_count else indices)
                 codes = mapped[raw] if len(mapped) else np.zeros(n, np.int32)
                 if len(mapped):
                     valid = (codes >= 0) if valid is None else valid & (codes >= 0)
@@ -101,7 +101,7 @@ class _Column:
         elif pa.types.is_boolean(self.type):
             self.values.write(at, np.asarray(arr.fill_null(False)).view(np.uint8))
         else:
-            self.values.write(at, _raw(arr))
+            self.values.write(at, raw_values(arr))
         if valid is not None:
             if self.valid is None:
                 self.valid = _Growing(np.uint8, self.values.capacity)
@@ -152,7 +152,7 @@ def _copied(old: mmap.mmap, size: int) -> mmap.mmap:
     return new
 
 
-def _raw(arr: pa.Array) -> np.ndarray:
+def raw_values(arr: pa.Array) -> np.ndarray:
     """A fixed-width array's values as numpy, without a copy; what lies under its nulls is left as is."""
     dtype = np.dtype(arr.type.to_pandas_dtype())
     return np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + len(arr))[arr.offset:]
