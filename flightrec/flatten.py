@@ -323,9 +323,10 @@ def _saturated_int32(arr: pa.ChunkedArray) -> pa.ChunkedArray:
 
 def _zero_to_null(arr: pa.ChunkedArray) -> pa.ChunkedArray:
     """The JSON writer puts 0 where the pickle has None. (A column without a 0, as a pickle's, is kept as is.)"""
-    if not pc.any(pc.equal(arr, 0)).as_py():
+    zero = pc.equal(arr, 0)
+    if not pc.any(zero).as_py():
         return arr
-    return pc.if_else(pc.equal(arr, 0), pa.scalar(None, arr.type), arr)
+    return pc.if_else(zero, pa.scalar(None, arr.type), arr)
 
 
 def _coalesce(first: pa.ChunkedArray, older: pa.ChunkedArray,
