@@ -367,12 +367,28 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
                 ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_start_worker,
                                     initargs=(use_tape,)) as pool:
             n = len(chunks)
-            for chunk, result in zip(chunks, pool.map(_parse_chunk, chunks, [spool] * n, [use_tape] * n,
-                                                      [in_memory] * n)):
+            with _forking_beside_idle_threads():   # (the first submit forks every worker)
+                parsed = pool.map(_parse_chunk, chunks, [spool] * n, [use_tape] * n, [in_memory] * n)
+            for chunk, result in zip(chunks, parsed):
                 collect(chunk, result)
     if gathered is not None and gathered.rows:
         results[0]["entries"] = gathered.finish()
     return results
+
+
+# Python 3.12+ warns at each fork from a process that has threads, and the CLI shows every warning: each run
+# said twice that fork "may lead to deadlocks". The parent's threads here are idle library threads (Polars'
+# jemalloc purgers and its spill cleaner, numpy's OpenBLAS server; Polars' pool starts only after the load):
+# jemalloc and OpenBLAS hold their locks across a fork, and a worker calls neither Polars nor BLAS. Nothing to
+# act on, so that one warning is not passed on; any other is.
+_FORK_WITH_THREADS = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
+
+
+@contextlib.contextmanager
+def _forking_beside_idle_threads():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_FORK_WITH_THREADS, category=DeprecationWarning)
+        yield
 
 
 # Up to this much input the parent gathers the entries into one chunk per column as the pool goes

@@ -470,6 +470,27 @@ def test_spool_files_are_in_memory_only_while_gathered(make_job, tmp_path, monke
     assert list(memory.iterdir()) == []
 
 
+def test_forking_the_pool_beside_idle_library_threads_warns_no_one(make_job, monkeypatch):
+    """From Python 3.12, os.fork warns in a process that has threads, as the parent always has (Polars' and
+    numpy's idle library threads), and the CLI shows every warning: a run said twice that fork "may lead to
+    deadlocks". That one is not passed on (parse_pool says why the fork is safe). Emulated here by a fork
+    that warns as 3.12's does, so that the test runs on any Python."""
+    real_fork = os.fork
+
+    def fork():
+        warnings.warn(f"This process (pid={os.getpid()}) is multi-threaded, use of fork() may lead to deadlocks "
+                      "in the child.", DeprecationWarning, stacklevel=2)
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    out, _ = make_job(synth.Job(tp=2, pp=2, dp=4, steps=3))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        pooled = load(out, LoadOptions(use_cache=False, workers=2))
+    assert pooled.dumps["loaded"].all() and pooled.dumps.height == 16
+    assert [str(w.message) for w in seen if "fork()" in str(w.message)] == []
+
+
 def test_a_spool_file_that_does_not_fit_goes_to_the_next_folder(tmp_path, monkeypatch):
     """A full memory-backed folder (ENOSPC part-way through) or a missing one: the file goes to the next
     folder, and no partial file is left behind."""
