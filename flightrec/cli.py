@@ -30,13 +30,17 @@ EXIT_INTERNAL = 70
 
 
 def _guard(fn):
-    """Library errors become one line on stderr (exit 2); anything else is our bug (exit 70)."""
+    """Library errors become one line on stderr (exit 2); anything else is our bug (exit 70). Every warning is
+    shown (each file's problems, one by one), except a dependency's notice that an API it offers will change:
+    nothing the person reading the report can act on."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         quiet = kwargs.get("quiet", False)
         with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
             warnings.showwarning = lambda msg, *a, **k: None if quiet else click.echo(f"warning: {msg}", err=True)
             try:
                 return fn(*args, **kwargs)

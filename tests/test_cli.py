@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,25 @@ def test_warnings_go_to_stderr_and_quiet_silences_them(runner, hung):
     assert "warning:" in result.stderr
     quiet = runner.invoke(main, ["analyze", str(hung), "-f", "json", "--quiet"])
     assert quiet.stderr == ""
+
+
+def test_a_dependencys_deprecation_notice_is_not_shown_to_the_reader(runner, hung, monkeypatch):
+    """A dependency's DeprecationWarning (Python 3.12's fork warning was one) is nothing an on-call engineer
+    can act on: not shown, while the dumps' own warnings still are."""
+    from flightrec import cli
+
+    def analyze(*args, **kwargs):
+        warnings.warn("pyarrow.something is deprecated", DeprecationWarning, stacklevel=1)
+        warnings.warn("a future pyarrow will change", PendingDeprecationWarning, stacklevel=1)
+        return real(*args, **kwargs)
+
+    real = cli.analyze
+    monkeypatch.setattr(cli, "analyze", analyze)
+    (hung / "node00000" / "nccl_trace_rank_1").write_bytes(b"\x80\x02junk")
+    result = runner.invoke(main, ["analyze", str(hung), "-f", "json"])
+    json.loads(result.stdout)
+    assert "deprecated" not in result.stderr and "future pyarrow" not in result.stderr
+    assert "warning: rank 1:" in result.stderr
 
 
 def test_load_entries_stacks_groups_convert(runner, hung, tmp_path):
