@@ -376,12 +376,12 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
     return results
 
 
-# Python 3.12+ warns at each fork from a process that has threads (a DeprecationWarning: an error under
-# `-W error`, and each CLI run said twice that fork "may lead to deadlocks" until the CLI hid dependencies'
-# deprecation notices). The parent's threads here are idle library threads (Polars' jemalloc purgers and spill
-# cleaner, numpy's OpenBLAS server; Polars' own pool, if a notebook started it, waits while the load runs):
-# jemalloc and OpenBLAS take their locks around a fork, and a worker calls neither Polars nor BLAS. Nothing to
-# act on, so that one warning is not passed on; any other is.
+# Python 3.12+ warns at each fork from a process that has threads (a DeprecationWarning, shown wherever such
+# warnings are: each CLI run said twice that fork "may lead to deadlocks" until the CLI hid dependencies'
+# deprecation notices; scripts run with `-W default`; test runners). The parent's threads here are idle
+# library threads (Polars' jemalloc purgers and spill cleaner, numpy's OpenBLAS server; Polars' own pool, if a
+# notebook started it, waits while the load runs): jemalloc and OpenBLAS take their locks around a fork, and a
+# worker calls neither Polars nor BLAS. Nothing to act on, so that one warning is not passed on; any other is.
 _FORK_WITH_THREADS = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
 
 
