@@ -472,9 +472,10 @@ def test_spool_files_are_in_memory_only_while_gathered(make_job, tmp_path, monke
 
 def test_forking_the_pool_beside_idle_library_threads_warns_no_one(make_job, monkeypatch):
     """From Python 3.12, os.fork warns in a process that has threads, as the parent always has (Polars' and
-    numpy's idle library threads), and the CLI shows every warning: a run said twice that fork "may lead to
-    deadlocks". That one is not passed on (parse_pool says why the fork is safe). Emulated here by a fork
-    that warns as 3.12's does, so that the test runs on any Python."""
+    numpy's idle library threads): wherever such warnings are shown (the CLI did until this round, test
+    runners, `-W default`), each load said twice that fork "may lead to deadlocks". That one is not passed on
+    (parse_pool says why the fork is safe). Emulated here by a fork that warns as 3.12's does, so that the
+    test runs on any Python."""
     real_fork = os.fork
 
     def fork():
