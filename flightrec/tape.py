@@ -115,7 +115,7 @@ def _load_walker() -> None:
                                             np.full(1, -1, np.int64), 1)
     none = np.full(1, -1, np.int64)
     _compiled("frame_codes", _frame_codes_py)(np.frombuffer(b"\0", np.uint8), np.zeros(1, np.int8), i64, i64, i64,
-                                              none, none.copy(), none.copy())
+                                              none, none.copy(), none.copy(), np.full(1, -1, np.int64))
     _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
     _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64)
 
@@ -881,32 +881,77 @@ def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text):
     return codes, reps[:n_codes].copy(), longs[:n_long].copy(), ok
 
 
-def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, line):
+def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, line, code_of):
     """Stack frames told apart by content: frame i has the str objects name[i] and filename[i] and the int
     object line[i] (-1: absent; an absent or None one is a frame's None). Returns each frame's code (in the
-    order first met) and each code's first frame, as `_shape_codes_py` does for shapes: a hash of the texts'
-    content hashes and the line finds the candidates, each checked against its code's first frame, text by
-    text byte by byte. `ok` is False where a name or filename is not a str, or a line not an int (the
-    unpickler's way reads those)."""
-    held, held_code, held_key, codes, reps = _open_table(name.size)
+    order first met) and each code's first frame, as `_shape_codes_py` does for shapes. Each distinct str
+    object is told apart by content once (by the walker's content hash, then byte by byte against the first of
+    its hash: texts that share a hash but differ get codes of their own), its code kept in `code_of` (-1 per
+    object, and so again on return); frames are then told apart by (name's code, filename's code, line), ints
+    compared exactly. (Comparing each frame's texts byte by byte with its code's first frame's took ~4% of a
+    worker at 8,192 x 200: a batch holds ~100 frame dicts a file, sharing ~45 str objects.) `ok` is False
+    where a name or filename is not a str, or a line not an int (the unpickler's way reads those)."""
+    n = name.size
+    held, held_code, held_key, codes, reps = _open_table(n)
     mask = held.size - 1
+    size = 2
+    while size < 4 * n:   # (texts: up to two a frame)
+        size *= 2
+    text_held = np.full(size, -1, np.int64)
+    text_code = np.empty(size, np.int64)
+    text_key = np.empty(size, np.uint64)
+    text_mask = size - 1
+    texts = np.empty((n, 2), np.int64)   # each frame's name and filename codes, -1 for none
+    touched = np.empty(2 * n, np.int64)
+    n_touched = 0
+    n_texts = 0
     n_codes = 0
-    for i in range(name.size):
-        a, f, n = name[i], filename[i], line[i]
+    ok = True
+    for i in range(n):
+        a, f, ln = name[i], filename[i], line[i]
         # (each part: -1 when absent or None, else checked for its kind)
         if a >= 0 and kind[a] == NONE:
             a = -1
         if f >= 0 and kind[f] == NONE:
             f = -1
-        if n >= 0 and kind[n] == NONE:
-            n = -1
-        if (a >= 0 and kind[a] != STR) or (f >= 0 and kind[f] != STR) or (n >= 0 and kind[n] != INT):
-            return codes, reps[:0].copy(), False
-        name[i], filename[i], line[i] = a, f, n
+        if ln >= 0 and kind[ln] == NONE:
+            ln = -1
+        if (a >= 0 and kind[a] != STR) or (f >= 0 and kind[f] != STR) or (ln >= 0 and kind[ln] != INT):
+            ok = False
+            break
+        name[i], filename[i], line[i] = a, f, ln
+        for part in range(2):
+            o = a if part == 0 else f
+            c = np.int64(-1)
+            if o >= 0:
+                c = code_of[o]
+                if c < 0:
+                    h = np.uint64(value[o])
+                    h = (h ^ (h >> np.uint64(31))) * np.uint64(0xBF58476D1CE4E5B9)
+                    slot = np.int64((h >> np.uint64(20)) & np.uint64(text_mask))
+                    while True:
+                        r = text_held[slot]
+                        if r < 0:
+                            text_held[slot] = o
+                            text_code[slot] = n_texts
+                            text_key[slot] = h
+                            c = n_texts
+                            n_texts += 1
+                            break
+                        if text_key[slot] == h and _same_text(data, text_start, text_len, o, r):
+                            c = text_code[slot]
+                            break
+                        slot = (slot + 1) & text_mask
+                    code_of[o] = c
+                    touched[n_touched] = o
+                    n_touched += 1
+            texts[i, part] = c
+        lv = value[ln] if ln >= 0 else np.int64(0)
         h = np.uint64(0x9E3779B97F4A7C15)
-        for o in (a, f, n):
-            h = (h ^ (np.uint64(value[o]) if o >= 0 else np.uint64(0x5BD1E995))) * np.uint64(1099511628211)
-            h = (h ^ np.uint64(o >= 0)) * np.uint64(1099511628211)
+        h = (h ^ np.uint64(texts[i, 0] + 1)) * np.uint64(1099511628211)
+        h = (h ^ np.uint64(texts[i, 1] + 1)) * np.uint64(1099511628211)
+        h = (h ^ np.uint64(ln >= 0)) * np.uint64(1099511628211)
+        h = (h ^ np.uint64(lv)) * np.uint64(1099511628211)
         h ^= h >> np.uint64(29)
         slot = np.int64(h & np.uint64(mask))
         while True:
@@ -914,16 +959,15 @@ def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, lin
             if r < 0:
                 n_codes = _claim(held, held_code, held_key, codes, reps, slot, i, h, n_codes)
                 break
-            if held_key[slot] == h and (n < 0) == (line[r] < 0) and (n < 0 or value[n] == value[line[r]]):
-                same = True
-                for x, y in ((a, name[r]), (f, filename[r])):
-                    if (x < 0) != (y < 0) or (x >= 0 and x != y and not _same_text(data, text_start, text_len, x, y)):
-                        same = False
-                        break
-                if same:
-                    codes[i] = held_code[slot]
-                    break
+            if (held_key[slot] == h and texts[r, 0] == texts[i, 0] and texts[r, 1] == texts[i, 1]
+                    and (line[r] >= 0) == (ln >= 0) and (ln < 0 or value[line[r]] == lv)):
+                codes[i] = held_code[slot]
+                break
             slot = (slot + 1) & mask
+    for j in range(n_touched):
+        code_of[touched[j]] = -1
+    if not ok:
+        return codes, reps[:0].copy(), False
     return codes, reps[:n_codes].copy(), True
 
 
@@ -979,7 +1023,7 @@ def frame_codes(t: "Tape", name: np.ndarray, filename: np.ndarray,
     """`_frame_codes_py` over the tape's objects; `name`, `filename` and `line` (int64) are set to -1 where the
     object is None, in place."""
     return _compiled("frame_codes", _frame_codes_py)(np.frombuffer(t.data, dtype=np.uint8), t.kind, t.value,
-                                                     t.text_start, t.text_len, name, filename, line)
+                                                     t.text_start, t.text_len, name, filename, line, t.code_table())
 
 
 def list_codes(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, lists: np.ndarray,
