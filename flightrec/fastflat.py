@@ -519,6 +519,25 @@ def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[in
         per_object[distinct] = -1
 
 
+# The stacks a worker has met, by their frames as (name, filename, line) tuples: every file of a job holds the same
+# few, and each batch met them anew, hashing and building each one's frames (~2% of a worker at 8,192 x 200).
+# Bounded: a job with more distinct stacks than this only hashes the rest each time, as before.
+_KNOWN_STACKS: dict[tuple, tuple[int, list]] = {}
+_KNOWN_STACKS_MAX = 4096
+
+
+def _known_stack(members: tuple) -> tuple[int, list]:
+    """The id of the stack of frames `members` and its frames as dicts (as `flatten._stacks` makes them)."""
+    known = _KNOWN_STACKS.get(members)
+    if known is None:
+        sid = _stack_hash(list(members))   # (a frame as a (name, filename, line) tuple hashes as its dict does)
+        known = (sid, [{"name": _as_str(name), "filename": _as_str(filename), "line": _as_int(line)}
+                       for name, filename, line in members])
+        if len(_KNOWN_STACKS) < _KNOWN_STACKS_MAX:
+            _KNOWN_STACKS[members] = known
+    return known
+
+
 def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.ndarray, codes: np.ndarray,
                frame_firsts: np.ndarray, reps: np.ndarray, by_objects: np.ndarray, has: np.ndarray,
                parts: list) -> tuple[pa.Array, dict[int, list]]:
@@ -537,12 +556,10 @@ def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.nda
     stacks: dict[int, list] = {}
     sid_of_key = np.empty(len(first), np.uint64)
     for j, rep in enumerate(reps[first].tolist()):
-        members = [frames[c] for c in per_object[g.children(rep)].tolist()]
-        sid = _stack_hash(members)   # (a frame as a (name, filename, line) tuple hashes as its dict does)
+        members = tuple([frames[c] for c in per_object[g.children(rep)].tolist()])
+        sid, stack = _known_stack(members)
         sid_of_key[j] = sid
-        if sid not in stacks:
-            stacks[sid] = [{"name": _as_str(name), "filename": _as_str(filename), "line": _as_int(line)}
-                           for name, filename, line in members]
+        stacks.setdefault(sid, stack)
     out = np.zeros(len(has), np.uint64)
     out[rows] = sid_of_key[inverse]
     return pa.array(out, type=pa.uint64(), mask=~has), stacks

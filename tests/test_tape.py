@@ -408,6 +408,23 @@ def test_frame_texts_that_share_a_hash_are_still_told_apart():
     assert ok and codes.tolist() == [0, 1, 0, 2] and firsts.tolist() == [0, 1, 3]
 
 
+def test_stacks_met_again_in_later_batches_read_as_the_first_time(monkeypatch):
+    """A worker keeps the stacks it has met (`fastflat._KNOWN_STACKS`): a later batch holding them gives the
+    same ids and frames as flatten, whether they were known, and once the memory is full as before."""
+    datas = [p.read_bytes() for p in PICKLES if any(e.get("frames") for e in read_dump(p)[0]["entries"])][:4]
+    want = [flatten_dump(pickle.loads(d), i) for i, d in enumerate(datas)]
+    monkeypatch.setattr(fastflat, "_KNOWN_STACKS", {})
+    for _ in range(2):   # (the first time met, then known)
+        for i, data in enumerate(datas):
+            _same(want[i], fastflat.flatten_pickle(data, i))
+    assert fastflat._KNOWN_STACKS
+    monkeypatch.setattr(fastflat, "_KNOWN_STACKS", {})
+    monkeypatch.setattr(fastflat, "_KNOWN_STACKS_MAX", 0)
+    for i, data in enumerate(datas):
+        _same(want[i], fastflat.flatten_pickle(data, i))
+    assert not fastflat._KNOWN_STACKS
+
+
 def test_a_frame_field_of_another_kind_leaves_the_file_to_the_unpickler():
     dump = read_dump(next(p for p in PICKLES if any(e.get("frames") for e in read_dump(p)[0]["entries"])))[0]
     entry = next(e for e in dump["entries"] if e.get("frames"))
