@@ -471,18 +471,15 @@ def _group_columns(t, g, ids: np.ndarray) -> list[pa.DictionaryArray]:
 
 def _shape_columns(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.DictionaryArray, pa.Array]:
     """A sizes field's shape text and element count (`flatten.shapes_derived`), from the lists of lists of
-    ints `ids`: laid flat by two compiled passes, then told apart by content in a third (`tape.shape_codes`).
-    Nested Arrow lists built, flattened again and hashed by numpy passes (`flatten._shape_columns`) took twice
-    as long, ~14% of a worker's time at 8,192 ranks x 200 entries (0.21 s of 1.5 for 1,024 files)."""
-    present, outer, tensors = _sequence(t, g, ids, _SEQUENCES)
-    inner, dims = g.children_of(tensors.astype(np.int64))
-    if len(dims) and (t.kind[dims] != INT).any():
+    ints `ids`: told apart by content in one compiled pass over the tape (`tape.sizes_codes`), and each
+    distinct shape then read once. (Nested Arrow lists built, flattened again and hashed by numpy passes,
+    `flatten._shape_columns`, took four times as long.)"""
+    codes, reps, ok = tape.sizes_codes(t, g.order, g.start, g.count, ids)
+    if not ok:
         raise _Unsupported
-    values = t.value[dims]
-    codes, reps = tape.shape_codes(outer, inner, values, ~present)
-    shapes = [[values[inner[k]:inner[k + 1]].tolist() for k in range(outer[row], outer[row + 1])]
+    shapes = [[t.value[g.children(int(tensor))].tolist() for tensor in g.children(int(ids[row])).tolist()]
               for row in reps.tolist()]
-    return shape_dictionary(codes, ~present, shapes)
+    return shape_dictionary(codes, codes < 0, shapes)
 
 
 def _stacks(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Array, dict[int, list]]:

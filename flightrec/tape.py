@@ -118,6 +118,7 @@ def _load_walker() -> None:
                                               none, none.copy(), none.copy(), np.full(1, -1, np.int64))
     _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
     _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64)
+    _compiled("sizes_codes", _sizes_codes_py)(np.zeros(1, np.int8), i64, i32, i32, i64, i32, none)
 
 
 @dataclass(frozen=True)
@@ -835,6 +836,62 @@ def _shape_codes_py(outer, inner, values, null):
     return codes, reps[:n_codes].copy()
 
 
+def _sizes_codes_py(kind, value, child, order, start, count, ids):
+    """Entries told apart by the shape their sizes field holds, read where the tape holds it: ids[i] a list (or
+    tuple) of tensors, each a list (or tuple) of int dims; -1 or None: null. Returns each entry's code (-1 where
+    null; codes in the order first met), each code's first entry, and False where a value is of another kind
+    (the unpickler's way reads those; the rest is then not filled in). As `_shape_codes_py`, but without the
+    entries' tensors and dims laid flat first (two `children_of` passes, a kind check and a gather: those and
+    their numpy glue were ~8% of a worker at 8,192 x 200)."""
+    held, held_code, held_key, codes, reps = _open_table(ids.size)
+    mask = held.size - 1
+    n_codes = 0
+    for i in range(ids.size):
+        o = ids[i]
+        if o < 0 or kind[o] == NONE:
+            continue
+        if kind[o] != LIST and kind[o] != TUPLE:
+            return codes, reps[:0].copy(), False
+        h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(count[o])
+        for j in range(start[o], start[o] + count[o]):
+            tensor = child[_edge(order, j)]
+            if kind[tensor] != LIST and kind[tensor] != TUPLE:
+                return codes, reps[:0].copy(), False
+            h = (h ^ np.uint64(count[tensor])) * np.uint64(1099511628211)
+            for k in range(start[tensor], start[tensor] + count[tensor]):
+                dim = child[_edge(order, k)]
+                if kind[dim] != INT:
+                    return codes, reps[:0].copy(), False
+                h = (h ^ np.uint64(value[dim])) * np.uint64(1099511628211)
+        h ^= h >> np.uint64(29)
+        slot = np.int64(h & np.uint64(mask))
+        while True:
+            r = held[slot]
+            if r < 0:
+                n_codes = _claim(held, held_code, held_key, codes, reps, slot, i, h, n_codes)
+                break
+            b = ids[r]
+            if held_key[slot] == h and count[o] == count[b]:
+                same = True
+                for j in range(count[o]):
+                    x = child[_edge(order, start[o] + j)]
+                    y = child[_edge(order, start[b] + j)]
+                    if count[x] != count[y]:
+                        same = False
+                        break
+                    for k in range(count[x]):
+                        if value[child[_edge(order, start[x] + k)]] != value[child[_edge(order, start[y] + k)]]:
+                            same = False
+                            break
+                    if not same:
+                        break
+                if same:
+                    codes[i] = held_code[slot]
+                    break
+            slot = (slot + 1) & mask
+    return codes, reps[:n_codes].copy(), True
+
+
 def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text):
     """Str objects `objs` told apart by content, as `_shape_codes_py` does for shapes: each one's code (in the
     order first met) and each code's first index. Candidates are found by the walker's content hash
@@ -1040,6 +1097,13 @@ def shape_codes(outer: np.ndarray, inner: np.ndarray, values: np.ndarray,
     null = np.ascontiguousarray(null).view(np.uint8) if null.dtype == np.bool_ else null.astype(np.uint8)
     outer, inner, values = (np.ascontiguousarray(a, dtype=np.int64) for a in (outer, inner, values))
     return _compiled("shape_codes", _shape_codes_py)(outer, inner, values, null)
+
+
+def sizes_codes(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
+                ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """`_sizes_codes_py` over the tape: (each entry's shape code, each code's first entry, ok)."""
+    return _compiled("sizes_codes", _sizes_codes_py)(t.kind, t.value, t.child, order, start, count,
+                                                     np.ascontiguousarray(ids, dtype=np.int64))
 
 
 def distinct_children(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,

@@ -47,6 +47,7 @@ SIGNATURES = {
     "frame_codes": "Tuple((int32[::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "
                    "int64[::1], int64[::1], int64[::1], int64[::1], int64[::1])",
     "shape_codes": "Tuple((int32[::1], int64[::1]))(int64[::1], int64[::1], int64[::1], uint8[::1])",
+    "sizes_codes": f"Tuple((int32[::1], int64[::1], boolean))(int8[::1], int64[::1], {_EDGES}, int64[::1])",
     "list_codes": f"Tuple((int32[::1], int64[::1]))({_EDGES}, int64[::1], int64[::1])",
     "kinds_of": "Tuple((int8[::1], boolean))(int8[::1], int64[::1], int64)",
     "scalars": "Tuple((int64[:, ::1], boolean[:, ::1], int8[:, ::1], boolean))(int8[::1], int64[::1], int64[:, ::1], "

@@ -566,6 +566,34 @@ def test_shape_codes_give_equal_shapes_one_code_in_the_order_first_met(entries):
     assert reps.tolist() == [first[c] for c in range(len(seen))]
 
 
+_dims = st.lists(st.integers(-3, 3), max_size=3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.lists(st.one_of(_dims, _dims.map(tuple)), max_size=3),
+                          st.tuples(_dims, _dims)), max_size=40),
+       st.sampled_from([None, "text", [None], [[1.5]], [["1"]], 7]))
+def test_sizes_codes_read_shapes_where_the_tape_holds_them(entries, odd):
+    """`tape.sizes_codes` against a dict of the shapes as tuples, each entry's sizes read from the pickled
+    objects (lists or tuples, shared where the pickle memoizes them); a value of another kind anywhere (a
+    text, a None tensor, a float or text dim, an int) is not ok."""
+    t = tape.read(pickle.dumps(entries, protocol=4))
+    g = fastflat._Graph(t)
+    ids = g.children(t.root).astype(np.int64)
+    codes, reps, ok = tape.sizes_codes(t, g.order, g.start, g.count, ids)
+    seen: dict = {}
+    want = [-1 if shape is None else seen.setdefault(tuple(map(tuple, shape)), len(seen)) for shape in entries]
+    assert ok and codes.tolist() == want
+    first = {}
+    for i, code in enumerate(want):
+        first.setdefault(code, i)
+    assert reps.tolist() == [first[c] for c in range(len(seen))]
+    t = tape.read(pickle.dumps([*entries, odd], protocol=4))
+    g = fastflat._Graph(t)
+    _, _, ok = tape.sizes_codes(t, g.order, g.start, g.count, g.children(t.root).astype(np.int64))
+    assert ok == (odd is None)   # (None: a null entry, as the first list holds)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.one_of(st.none(), st.lists(st.integers(0, 3), max_size=4)), max_size=40))
 def test_list_codes_give_lists_of_equal_codes_one_code_in_the_order_first_met(lists):
