@@ -112,13 +112,14 @@ def _load_walker() -> None:
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
     _compiled("kinds_of", _kinds_of_py)(np.zeros(1, np.int8), i64, 1)
     _compiled("text_codes", _text_codes_py)(np.frombuffer(b"\0", np.uint8), i64, i64, i64, i64,   # (read-only)
-                                            np.full(1, -1, np.int64), 1)
+                                            np.full(1, -1, np.int64), 1, 2)
     none = np.full(1, -1, np.int64)
     _compiled("frame_codes", _frame_codes_py)(np.frombuffer(b"\0", np.uint8), np.zeros(1, np.int8), i64, i64, i64,
-                                              none, none.copy(), none.copy(), np.full(1, -1, np.int64))
-    _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8))
-    _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64)
-    _compiled("sizes_codes", _sizes_codes_py)(np.zeros(1, np.int8), i64, i32, i32, i64, i32, none)
+                                              none, none.copy(), none.copy(), np.full(1, -1, np.int64), 2)
+    _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8),
+                                              2)
+    _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64, 2)
+    _compiled("sizes_codes", _sizes_codes_py)(np.zeros(1, np.int8), i64, i32, i32, i64, i32, none, 2)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class Tape:
         (`_text_codes_py`: by the walker's content hash, each checked against its code's first object); a
         collision (a crafted file) makes the grouping go by decoded text instead."""
         objs = np.ascontiguousarray(objs, dtype=np.int64)
-        codes, firsts, longs, ok = _compiled("text_codes", _text_codes_py)(
+        codes, firsts, longs, ok = _told_apart("text_codes", _text_codes_py, len(objs))(
             np.frombuffer(self.data, dtype=np.uint8), self.value, self.text_start, self.text_len, objs,
             self.code_table(), _LONG_TEXT)
         if ok and self._same_long_texts(longs):
@@ -644,6 +645,31 @@ def dense_codes(values: np.ndarray, code_of: np.ndarray) -> tuple[np.ndarray, np
     return _compiled("dense_codes", _dense_codes_py)(values.astype(np.int64), code_of)
 
 
+# The first table of an open-addressing pass (`_open_table_py`): a batch's thousands of entries hold a few dozen
+# distinct shapes, texts or stacks, and a table with room for every entry cost a fill of up to a MB and a cache
+# miss a probe (the five passes, ~3% of a worker at 8,192 x 200).
+_FIRST_SLOTS = 1024
+
+
+def _slots_for(n: int) -> int:
+    """The slots of a table that holds `n` things at most half full: a power of two, 2 at least."""
+    return 1 << max(1, (2 * n - 1).bit_length())
+
+
+def _told_apart(name: str, fn, n: int):
+    """Compiled pass `name` (`fn`), telling up to `n` things apart in an open table: it is called with a table
+    of `_FIRST_SLOTS` slots (fewer where `n` needs fewer), then, where the things did not fit, again with room
+    for all; it returns what the pass returns but the flag saying they fit."""
+    def call(*args):
+        full = _slots_for(n)
+        out = _compiled(name, fn)(*args, min(full, _FIRST_SLOTS))
+        if not out[-1]:
+            out = _compiled(name, fn)(*args, full)
+        return out[:-1]
+
+    return call
+
+
 def _compiled(name: str, fn):
     if name not in _helpers:
         import numba
@@ -762,14 +788,12 @@ def _distinct_items_py(child, order, start, count, parents, n_obj):
     return out[:n].copy()
 
 
-def _open_table_py(n):
-    """An open hash table to tell `n` things apart by content (a power of two, twice their number): each
-    slot's first thing (-1: empty), code and hash; then each thing's code (-1: none yet) and each code's first
-    thing. (`_shape_codes_py` and `_list_codes_py` fill it: they differ only in what a thing is.)"""
-    size = 2
-    while size < 2 * n:
-        size *= 2
-    return (np.full(size, -1, np.int64), np.empty(size, np.int32), np.empty(size, np.uint64),
+def _open_table_py(n, slots):
+    """An open hash table of `slots` slots (a power of two) to tell `n` things apart by content: each slot's
+    first thing (-1: empty), code and hash; then each thing's code (-1: none yet) and each code's first thing.
+    (The passes that fill it differ only in what a thing is. Each stops, not fitting, once it is half full:
+    `_told_apart` starts them with a small table.)"""
+    return (np.full(slots, -1, np.int64), np.empty(slots, np.int32), np.empty(slots, np.uint64),
             np.full(n, -1, np.int32), np.empty(n, np.int64))
 
 
@@ -793,12 +817,13 @@ def _same_text_py(data, text_start, text_len, x, y):
     return True
 
 
-def _shape_codes_py(outer, inner, values, null):
+def _shape_codes_py(outer, inner, values, null, slots):
     """Entries told apart by the shape they hold: entry i (none where `null[i]`, a uint8) has tensors outer[i] to
     outer[i + 1] - 1, tensor k the dims `values[inner[k]:inner[k + 1]]`. Returns each entry's code (-1 where
     null; codes in the order first met) and each code's first entry. A hash finds the candidates in an open
-    table, and each is checked dim by dim against the code's first entry: no two shapes ever share a code."""
-    held, held_code, held_key, codes, reps = _open_table(null.size)
+    table of `slots` slots, and each is checked dim by dim against the code's first entry: no two shapes ever
+    share a code. Last, whether they fit in the table (half full at most; else the codes are not to be used)."""
+    held, held_code, held_key, codes, reps = _open_table(null.size, slots)
     mask = held.size - 1
     n_codes = 0
     for i in range(null.size):
@@ -833,17 +858,20 @@ def _shape_codes_py(outer, inner, values, null):
                     codes[i] = held_code[slot]
                     break
             slot = (slot + 1) & mask
-    return codes, reps[:n_codes].copy()
+        if 2 * n_codes > held.size:
+            return codes, reps[:0].copy(), False
+    return codes, reps[:n_codes].copy(), True
 
 
-def _sizes_codes_py(kind, value, child, order, start, count, ids):
+def _sizes_codes_py(kind, value, child, order, start, count, ids, slots):
     """Entries told apart by the shape their sizes field holds, read where the tape holds it: ids[i] a list (or
     tuple) of tensors, each a list (or tuple) of int dims; -1 or None: null. Returns each entry's code (-1 where
-    null; codes in the order first met), each code's first entry, and False where a value is of another kind
-    (the unpickler's way reads those; the rest is then not filled in). As `_shape_codes_py`, but without the
+    null; codes in the order first met), each code's first entry, False where a value is of another kind
+    (the unpickler's way reads those; the rest is then not filled in), and whether the shapes fit in the table
+    of `slots` slots. As `_shape_codes_py`, but without the
     entries' tensors and dims laid flat first (two `children_of` passes, a kind check and a gather: those and
     their numpy glue were ~8% of a worker at 8,192 x 200)."""
-    held, held_code, held_key, codes, reps = _open_table(ids.size)
+    held, held_code, held_key, codes, reps = _open_table(ids.size, slots)
     mask = held.size - 1
     n_codes = 0
     for i in range(ids.size):
@@ -851,17 +879,17 @@ def _sizes_codes_py(kind, value, child, order, start, count, ids):
         if o < 0 or kind[o] == NONE:
             continue
         if kind[o] != LIST and kind[o] != TUPLE:
-            return codes, reps[:0].copy(), False
+            return codes, reps[:0].copy(), False, True
         h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(count[o])
         for j in range(start[o], start[o] + count[o]):
             tensor = child[_edge(order, j)]
             if kind[tensor] != LIST and kind[tensor] != TUPLE:
-                return codes, reps[:0].copy(), False
+                return codes, reps[:0].copy(), False, True
             h = (h ^ np.uint64(count[tensor])) * np.uint64(1099511628211)
             for k in range(start[tensor], start[tensor] + count[tensor]):
                 dim = child[_edge(order, k)]
                 if kind[dim] != INT:
-                    return codes, reps[:0].copy(), False
+                    return codes, reps[:0].copy(), False, True
                 h = (h ^ np.uint64(value[dim])) * np.uint64(1099511628211)
         h ^= h >> np.uint64(29)
         slot = np.int64(h & np.uint64(mask))
@@ -889,23 +917,26 @@ def _sizes_codes_py(kind, value, child, order, start, count, ids):
                     codes[i] = held_code[slot]
                     break
             slot = (slot + 1) & mask
-    return codes, reps[:n_codes].copy(), True
+        if 2 * n_codes > held.size:
+            return codes, reps[:0].copy(), True, False
+    return codes, reps[:n_codes].copy(), True, True
 
 
-def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text):
+def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text, slots):
     """Str objects `objs` told apart by content, as `_shape_codes_py` does for shapes: each one's code (in the
     order first met) and each code's first index. Candidates are found by the walker's content hash
     (`value`), and each is checked byte by byte against its code's first object, once per object (`code_of`:
     -1 per object, and so again on return). Texts of `long_text` bytes or more (a world group's rank list,
     in every file) are left to the caller to compare as bytes: their (object, first object) pairs come back
     laid flat. `ok` is False where two texts of one hash differ (a crafted file): the codes are then not
-    to be used."""
-    held, held_code, held_key, codes, reps = _open_table(objs.size)
+    to be used; nor are they where the texts did not fit in the table of `slots` slots (the last value)."""
+    held, held_code, held_key, codes, reps = _open_table(objs.size, slots)
     mask = held.size - 1
     n_codes = 0
     longs = np.empty(2 * objs.size, np.int64)
     n_long = 0
     ok = True
+    fits = True
     for i in range(objs.size):
         o = objs[i]
         if code_of[o] >= 0:
@@ -933,12 +964,15 @@ def _text_codes_py(data, value, text_start, text_len, objs, code_of, long_text):
         if not ok:
             break
         code_of[o] = codes[i]
+        if 2 * n_codes > held.size:
+            fits = False
+            break
     for i in range(objs.size):
         code_of[objs[i]] = -1
-    return codes, reps[:n_codes].copy(), longs[:n_long].copy(), ok
+    return codes, reps[:n_codes].copy(), longs[:n_long].copy(), ok, fits
 
 
-def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, line, code_of):
+def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, line, code_of, slots):
     """Stack frames told apart by content: frame i has the str objects name[i] and filename[i] and the int
     object line[i] (-1: absent; an absent or None one is a frame's None). Returns each frame's code (in the
     order first met) and each code's first frame, as `_shape_codes_py` does for shapes. Each distinct str
@@ -947,13 +981,12 @@ def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, lin
     object, and so again on return); frames are then told apart by (name's code, filename's code, line), ints
     compared exactly. (Comparing each frame's texts byte by byte with its code's first frame's took ~4% of a
     worker at 8,192 x 200: a batch holds ~100 frame dicts a file, sharing ~45 str objects.) `ok` is False
-    where a name or filename is not a str, or a line not an int (the unpickler's way reads those)."""
+    where a name or filename is not a str, or a line not an int (the unpickler's way reads those); last,
+    whether the frames fit in a table of `slots` slots and their texts in one of twice as many."""
     n = name.size
-    held, held_code, held_key, codes, reps = _open_table(n)
+    held, held_code, held_key, codes, reps = _open_table(n, slots)
     mask = held.size - 1
-    size = 2
-    while size < 4 * n:   # (texts: up to two a frame)
-        size *= 2
+    size = 2 * slots   # (texts: up to two a frame)
     text_held = np.full(size, -1, np.int64)
     text_code = np.empty(size, np.int64)
     text_key = np.empty(size, np.uint64)
@@ -964,6 +997,7 @@ def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, lin
     n_texts = 0
     n_codes = 0
     ok = True
+    fits = True
     for i in range(n):
         a, f, ln = name[i], filename[i], line[i]
         # (each part: -1 when absent or None, else checked for its kind)
@@ -1021,20 +1055,23 @@ def _frame_codes_py(data, kind, value, text_start, text_len, name, filename, lin
                 codes[i] = held_code[slot]
                 break
             slot = (slot + 1) & mask
+        if 2 * n_codes > held.size or 2 * n_texts > size:
+            fits = False
+            break
     for j in range(n_touched):
         code_of[touched[j]] = -1
-    if not ok:
-        return codes, reps[:0].copy(), False
-    return codes, reps[:n_codes].copy(), True
+    if not ok or not fits:
+        return codes, reps[:0].copy(), ok, fits
+    return codes, reps[:n_codes].copy(), True, True
 
 
-def _list_codes_py(child, order, start, count, lists, code_of_object):
+def _list_codes_py(child, order, start, count, lists, code_of_object, slots):
     """Lists told apart by their items' codes in order: list object lists[i] (none where -1) has items
     child[order[start[l]]..], each standing for `code_of_object[item]` (the item itself where that is empty:
     by identity). Returns each list's code (-1 where none; codes in the order first met) and each code's first
     index, as `_shape_codes_py` does for shapes, but reading the items where the tape holds them (no copy of
-    them laid flat first)."""
-    held, held_code, held_key, codes, reps = _open_table(lists.size)
+    them laid flat first). Last, whether they fit in the table of `slots` slots."""
+    held, held_code, held_key, codes, reps = _open_table(lists.size, slots)
     mask = held.size - 1
     n_codes = 0
     # (an item's code read inline, each way chosen by a flag: an inlined helper for it made the pass 20x slower)
@@ -1072,22 +1109,26 @@ def _list_codes_py(child, order, start, count, lists, code_of_object):
                     codes[i] = held_code[slot]
                     break
             slot = (slot + 1) & mask
-    return codes, reps[:n_codes].copy()
+        if 2 * n_codes > held.size:
+            return codes, reps[:0].copy(), False
+    return codes, reps[:n_codes].copy(), True
 
 
 def frame_codes(t: "Tape", name: np.ndarray, filename: np.ndarray,
                 line: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """`_frame_codes_py` over the tape's objects; `name`, `filename` and `line` (int64) are set to -1 where the
     object is None, in place."""
-    return _compiled("frame_codes", _frame_codes_py)(np.frombuffer(t.data, dtype=np.uint8), t.kind, t.value,
-                                                     t.text_start, t.text_len, name, filename, line, t.code_table())
+    return _told_apart("frame_codes", _frame_codes_py, len(name))(np.frombuffer(t.data, dtype=np.uint8), t.kind,
+                                                                   t.value, t.text_start, t.text_len, name,
+                                                                   filename, line, t.code_table())
 
 
 def list_codes(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray, lists: np.ndarray,
                code_of_object: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """`_list_codes_py` over the tape's edges: (each list's code, each code's first index)."""
-    return _compiled("list_codes", _list_codes_py)(t.child, order, start, count,
-                                                   np.ascontiguousarray(lists, dtype=np.int64), code_of_object)
+    return _told_apart("list_codes", _list_codes_py, len(lists))(t.child, order, start, count,
+                                                                 np.ascontiguousarray(lists, dtype=np.int64),
+                                                                 code_of_object)
 
 
 def shape_codes(outer: np.ndarray, inner: np.ndarray, values: np.ndarray,
@@ -1096,14 +1137,14 @@ def shape_codes(outer: np.ndarray, inner: np.ndarray, values: np.ndarray,
     # (no copies where the arrays are as the pass takes them already; a bool is a byte)
     null = np.ascontiguousarray(null).view(np.uint8) if null.dtype == np.bool_ else null.astype(np.uint8)
     outer, inner, values = (np.ascontiguousarray(a, dtype=np.int64) for a in (outer, inner, values))
-    return _compiled("shape_codes", _shape_codes_py)(outer, inner, values, null)
+    return _told_apart("shape_codes", _shape_codes_py, len(null))(outer, inner, values, null)
 
 
 def sizes_codes(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,
                 ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """`_sizes_codes_py` over the tape: (each entry's shape code, each code's first entry, ok)."""
-    return _compiled("sizes_codes", _sizes_codes_py)(t.kind, t.value, t.child, order, start, count,
-                                                     np.ascontiguousarray(ids, dtype=np.int64))
+    return _told_apart("sizes_codes", _sizes_codes_py, len(ids))(t.kind, t.value, t.child, order, start, count,
+                                                                 np.ascontiguousarray(ids, dtype=np.int64))
 
 
 def distinct_children(t: "Tape", order: np.ndarray, start: np.ndarray, count: np.ndarray,

@@ -42,13 +42,14 @@ SIGNATURES = {
     "children_of": f"Tuple((int64[::1], int64[::1]))({_EDGES}, int64[::1])",
     "pivot": "Tuple((int64[:, ::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "
              f"int32[::1], {_EDGES}, int64[::1], uint8[::1], int64[::1], int64[::1])",   # (key, then the edges)
-    "text_codes": "Tuple((int32[::1], int64[::1], int64[::1], boolean))(uint8[::1], int64[::1], int64[::1], "
-                  "int64[::1], int64[::1], int64[::1], int64)",
-    "frame_codes": "Tuple((int32[::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "
-                   "int64[::1], int64[::1], int64[::1], int64[::1], int64[::1])",
-    "shape_codes": "Tuple((int32[::1], int64[::1]))(int64[::1], int64[::1], int64[::1], uint8[::1])",
-    "sizes_codes": f"Tuple((int32[::1], int64[::1], boolean))(int8[::1], int64[::1], {_EDGES}, int64[::1])",
-    "list_codes": f"Tuple((int32[::1], int64[::1]))({_EDGES}, int64[::1], int64[::1])",
+    "text_codes": "Tuple((int32[::1], int64[::1], int64[::1], boolean, boolean))(uint8[::1], int64[::1], "
+                  "int64[::1], int64[::1], int64[::1], int64[::1], int64, int64)",
+    "frame_codes": "Tuple((int32[::1], int64[::1], boolean, boolean))(uint8[::1], int8[::1], int64[::1], "
+                   "int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64[::1], int64)",
+    "shape_codes": "Tuple((int32[::1], int64[::1], boolean))(int64[::1], int64[::1], int64[::1], uint8[::1], int64)",
+    "sizes_codes": f"Tuple((int32[::1], int64[::1], boolean, boolean))(int8[::1], int64[::1], {_EDGES}, int64[::1], "
+                   "int64)",
+    "list_codes": f"Tuple((int32[::1], int64[::1], boolean))({_EDGES}, int64[::1], int64[::1], int64)",
     "kinds_of": "Tuple((int8[::1], boolean))(int8[::1], int64[::1], int64)",
     "scalars": "Tuple((int64[:, ::1], boolean[:, ::1], int8[:, ::1], boolean))(int8[::1], int64[::1], int64[:, ::1], "
                "int64[::1])",

@@ -53,6 +53,25 @@ def test_every_fixture_pickle_reads_the_same():
         _same(flatten_dump(read_dump(path)[0], 5), fastflat.flatten_pickle(read_dump_bytes(path), 5))
 
 
+def test_passes_whose_first_table_fills_up_read_the_same_with_room_for_all(monkeypatch):
+    """The open-addressing passes start with a small table (`tape._FIRST_SLOTS`) and, once it is half full,
+    run again with room for all: with a first table of two slots the passes of a batch of the fixtures run
+    again, and the batch reads as flatten_dump reads it."""
+    runs: list[str] = []
+    compiled = tape._compiled
+    monkeypatch.setattr(tape, "_compiled", lambda name, fn: (runs.append(name), compiled(name, fn))[1])
+    datas = [read_dump_bytes(p) for p in PICKLES]
+    fastflat.flatten_pickles(datas, list(range(len(datas))))   # (the default first table)
+    first = list(runs)
+    runs.clear()
+    monkeypatch.setattr(tape, "_FIRST_SLOTS", 2)
+    got, read = fastflat.flatten_pickles(datas, list(range(len(datas))))
+    assert len(read) > 30
+    _same(merge_parts([flatten_dump(read_dump(PICKLES[i])[0], i) for i in read]), got)
+    for name in ("text_codes", "sizes_codes", "frame_codes", "list_codes"):
+        assert runs.count(name) > first.count(name), name   # (run again: the first table was too small)
+
+
 @pytest.mark.parametrize("version", [v for v in KNOWN_DUMP_VERSIONS if v != "1.0"])
 def test_every_recorder_version_reads_the_same(tmp_path, version):
     """Each version's field names and quirks (seq_id vs collective_seq_id, time_created_us, no threads...),
