@@ -269,52 +269,57 @@ def _walk_py(data, file_starts, file_ends, capacity, memo_capacity):
 
 
 def _u32_py(data, pos):
-    """The little-endian unsigned 32-bit int at `pos` (the caller checked that 4 bytes are there)."""
-    return (np.int64(data[pos]) | (np.int64(data[pos + 1]) << 8) | (np.int64(data[pos + 2]) << 16)
-            | (np.int64(data[pos + 3]) << 24))
+    """The little-endian unsigned 32-bit int at `pos` (the caller checked that 4 bytes are there; read by
+    unsigned index, as `_text_hash_py` explains)."""
+    at = np.uint64(pos)
+    return (np.int64(data[at]) | (np.int64(data[at + np.uint64(1)]) << 8)
+            | (np.int64(data[at + np.uint64(2)]) << 16) | (np.int64(data[at + np.uint64(3)]) << 24))
 
 
 def _text_hash_py(data, pos, size):
     """A 64-bit hash of `data[pos:pos + size]`, FNV-1a style but eight bytes a step, in four lanes over each
     32 bytes: the world group's rank list (~110 KB at 16K ranks) is in every file, a byte a step made hashing
-    it a third of the walk, and one lane waits on each multiplication (four: 6.6 -> 1.8 us for 8,192 ranks).
+    it a third of the walk, and one lane waits on each multiplication (hence four).
     Each step is a bijection of its lane, and the lanes are joined by one (odd multipliers, xor), so texts of
     one length that differ in one word never collide; it is no cryptographic hash (texts can be crafted to
-    collide), so equal hashes are checked (`Tape.texts`)."""
+    collide), so equal hashes are checked (`Tape.texts`). Indexes are unsigned: numba checks a signed index
+    for a negative one (Python's wraparound) at each read, and those checks kept LLVM from joining a word's
+    eight byte reads into one (a 48 KB rank list: 19 -> 2.1 us)."""
     prime = np.uint64(1099511628211)
     h = np.uint64(14695981039346656037) ^ np.uint64(size)
-    k = pos
-    end = pos + size
-    if k + 32 <= end:
+    k = np.uint64(pos)
+    end = np.uint64(pos + size)
+    if k + np.uint64(32) <= end:
         b = np.uint64(0x9E3779B97F4A7C15)
         c = np.uint64(0xC2B2AE3D27D4EB4F)
         d = np.uint64(0x165667B19E3779F9)
-        while k + 32 <= end:
+        while k + np.uint64(32) <= end:
             w0 = np.uint64(0)
             w1 = np.uint64(0)
             w2 = np.uint64(0)
             w3 = np.uint64(0)
             for i in range(8):
                 shift = np.uint64(8 * i)
-                w0 |= np.uint64(data[k + i]) << shift
-                w1 |= np.uint64(data[k + 8 + i]) << shift
-                w2 |= np.uint64(data[k + 16 + i]) << shift
-                w3 |= np.uint64(data[k + 24 + i]) << shift
+                at = k + np.uint64(i)
+                w0 |= np.uint64(data[at]) << shift
+                w1 |= np.uint64(data[at + np.uint64(8)]) << shift
+                w2 |= np.uint64(data[at + np.uint64(16)]) << shift
+                w3 |= np.uint64(data[at + np.uint64(24)]) << shift
             h = (h ^ w0) * prime
             b = (b ^ w1) * prime
             c = (c ^ w2) * prime
             d = (d ^ w3) * prime
-            k += 32
+            k += np.uint64(32)
         h ^= b * np.uint64(31) ^ c * np.uint64(961) ^ d * np.uint64(29791)
-    while k + 8 <= end:
+    while k + np.uint64(8) <= end:
         w = np.uint64(0)
         for i in range(8):
-            w |= np.uint64(data[k + i]) << np.uint64(8 * i)
+            w |= np.uint64(data[k + np.uint64(i)]) << np.uint64(8 * i)
         h = (h ^ w) * prime
-        k += 8
+        k += np.uint64(8)
     while k < end:
         h = (h ^ np.uint64(data[k])) * prime
-        k += 1
+        k += np.uint64(1)
     h ^= h >> np.uint64(32)   # (the multiplications move entropy up only: fold the high half down)
     return np.int64(h)
 
@@ -808,11 +813,12 @@ def _claim_py(held, held_code, held_key, codes, reps, slot, i, h, n_codes):
 
 
 def _same_text_py(data, text_start, text_len, x, y):
-    """Whether str objects x and y have the same bytes."""
+    """Whether str objects x and y have the same bytes (read by unsigned index, as `_text_hash_py` explains)."""
     if text_len[x] != text_len[y]:
         return False
-    for k in range(text_len[x]):
-        if data[text_start[x] + k] != data[text_start[y] + k]:
+    a, b = np.uint64(text_start[x]), np.uint64(text_start[y])
+    for k in range(np.uint64(text_len[x])):
+        if data[a + k] != data[b + k]:
             return False
     return True
 
