@@ -29,6 +29,7 @@ from .flatten import (
     _stack_hash,
     assemble,
     file_meta,
+    masked_array,
     merge_parts,
     normalize_op,
     shape_dictionary,
@@ -393,7 +394,7 @@ def _scalar_columns(t: tape.Tape, ids: np.ndarray, names: list[str]) -> dict[str
             data = values[i] != 0
         else:
             data = np.where(kinds[i] == FLOAT, values[i].view(np.float64), values[i].astype(np.float64))
-        out[name] = pa.array(data, type=typ, mask=~present[i])
+        out[name] = masked_array(data, typ, present[i])
     return out
 
 
@@ -412,7 +413,7 @@ def _dictionary(codes: np.ndarray, present: np.ndarray, words: list[str]) -> pa.
         position = {word: i for i, word in enumerate(distinct)}
         codes = np.array([position[word] for word in words], np.int32)[codes]
         words = list(distinct)
-    at = pa.array(codes.astype(np.int32, copy=False), mask=~present)
+    at = masked_array(codes.astype(np.int32, copy=False), pa.int32(), present)
     return pa.DictionaryArray.from_arrays(at, pa.array(words, type=pa.string()))
 
 
@@ -559,4 +560,4 @@ def _stack_ids(t: tape.Tape, g: _Graph, per_object: np.ndarray, distinct: np.nda
         stacks.setdefault(sid, stack)
     out = np.zeros(len(has), np.uint64)
     out[rows] = sid_of_key[inverse]
-    return pa.array(out, type=pa.uint64(), mask=~has), stacks
+    return masked_array(out, pa.uint64(), has), stacks

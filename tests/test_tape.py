@@ -47,6 +47,24 @@ def _decoded(table: pa.Table) -> pa.Table:
     return table.select(sorted(table.column_names)).combine_chunks()   # (the tape's part adds the counts earlier)
 
 
+@pytest.mark.parametrize("type_", [pa.int64(), pa.int32(), pa.float64(), pa.bool_(), pa.uint64()])
+def test_masked_arrays_are_what_arrow_makes_of_a_mask(type_):
+    """`flatten.masked_array` (validity packed by numpy) against `pa.array(mask=)`: nulls where not present,
+    no bitmap where none is null; a value that does not fit the type refused as Arrow refuses it."""
+    from flightrec.flatten import masked_array
+
+    values = np.arange(1, 20) % 7
+    values = values.astype(bool) if type_ == pa.bool_() else values
+    for present in (values % 3 != 0, np.ones(len(values), bool), np.zeros(len(values), bool)):
+        got = masked_array(values, type_, present)
+        got.validate(full=True)
+        assert got.equals(pa.array(values, type=type_, mask=~present))
+        assert (got.buffers()[0] is None) == bool(present.all())
+    if type_ == pa.int32():
+        with pytest.raises(pa.ArrowInvalid):
+            masked_array(np.array([2**40]), type_, np.array([True]))
+
+
 def test_every_fixture_pickle_reads_the_same():
     assert len(PICKLES) >= 40
     for path in PICKLES:
