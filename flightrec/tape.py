@@ -30,7 +30,6 @@ _walk = None   # the compiled walker, made by `warm` (numba is imported only the
 _walk_one = None
 _u32 = None
 _uint_arg = None
-_edges_added = None
 _text_hash = None
 _open_table = None   # the passes' inlined helpers (`_open_table_py`, `_claim_py`, `_same_text_py`, `_edge_py`),
 _claim = None        # made as the first pass compiles
@@ -94,9 +93,8 @@ def _load_built() -> bool:
 def _load_walker() -> None:
     import numba
 
-    global _walk, _walk_one, _u32, _uint_arg, _text_hash, _edges_added
+    global _walk, _walk_one, _u32, _uint_arg, _text_hash
     _u32 = numba.njit(cache=True, nogil=True, inline="always")(_u32_py)
-    _edges_added = numba.njit(cache=True, nogil=True, inline="always")(_edges_added_py)
     _text_hash = numba.njit(cache=True, nogil=True, inline="always")(_text_hash_py)
     _uint_arg = numba.njit(cache=True, nogil=True, inline="always")(_uint_arg_py)
     _walk_one = numba.njit(cache=True, nogil=True)(_walk_one_py)
@@ -143,8 +141,6 @@ class Tape:
     child: np.ndarray
     root: int
     _long_texts: dict = field(default_factory=dict, compare=False, repr=False)
-    # (each object's first edge and count of edges, from the walk, where its edges came grouped: `group_by_parent`)
-    _groups: tuple | None = field(default=None, compare=False, repr=False)
     _scratch: dict = field(default_factory=dict, compare=False, repr=False)
 
     def code_table(self) -> np.ndarray:
@@ -204,7 +200,7 @@ def read(data: bytes) -> Tape | None:
     if tapes is None or roots[0] < 0:
         return None
     return Tape(tapes.data, tapes.kind, tapes.value, tapes.text_start, tapes.text_len, tapes.parent, tapes.key,
-                tapes.child, int(roots[0]), _groups=tapes._groups)
+                tapes.child, int(roots[0]))
 
 
 def read_many(datas: list[bytes]) -> tuple[Tape | None, np.ndarray]:
@@ -231,8 +227,8 @@ def read_laid_out(data: bytes | bytearray, sizes: np.ndarray) -> tuple[Tape | No
     # per byte, which is always enough: every object, edge or stack slot takes a byte of input at least)
     capacity = total // 4 + 64
     while True:
-        (status, roots, kind, value, start, length, parent, key, child, n_obj, n_edge, first, count,
-         grouped) = _walk(buf, starts, ends, capacity, memo_capacity)
+        status, roots, kind, value, start, length, parent, key, child, n_obj, n_edge = _walk(
+            buf, starts, ends, capacity, memo_capacity)
         if status == _TOO_SMALL and capacity < total + 64:
             capacity = min(2 * capacity, total + 64)
             continue
@@ -240,14 +236,12 @@ def read_laid_out(data: bytes | bytearray, sizes: np.ndarray) -> tuple[Tape | No
     if status < 0:
         return None, np.full(len(sizes), -1, np.int64)
     return Tape(data, kind[:n_obj], value[:n_obj], start[:n_obj], length[:n_obj], parent[:n_edge],
-                key[:n_edge], child[:n_edge], -1, _groups=(first[:n_obj], count[:n_obj]) if grouped else None), roots
+                key[:n_edge], child[:n_edge], -1), roots
 
 
 def _walk_py(data, file_starts, file_ends, capacity, memo_capacity):
     """Opcode walker over the files `data[file_starts[i]:file_ends[i]]` (compiled by numba in `warm`).
-    Returns (status: 0 or _TOO_SMALL, each file's root or -1, tables..., objects, edges, each object's first
-    edge and count of edges, and whether each object's edges came one after the other: then those two are
-    what `group_by_parent` would find, without its pass over the edges)."""
+    Returns (status: 0 or _TOO_SMALL, each file's root or -1, tables..., objects, edges)."""
     kind = np.empty(capacity, np.int8)
     value = np.empty(capacity, np.int64)
     start = np.empty(capacity, np.int64)
@@ -255,9 +249,6 @@ def _walk_py(data, file_starts, file_ends, capacity, memo_capacity):
     parent = np.empty(capacity, np.int32)
     key = np.empty(capacity, np.int32)
     child = np.empty(capacity, np.int32)
-    first = np.empty(capacity, np.int64)
-    count = np.empty(capacity, np.int32)
-    grouped = True
     memo = np.full(memo_capacity, -1, np.int32)
     stack = np.empty(capacity, np.int32)
     marks = np.empty(1024, np.int64)
@@ -266,16 +257,15 @@ def _walk_py(data, file_starts, file_ends, capacity, memo_capacity):
     n_edge = 0
     for f in range(file_starts.size):
         first_obj, first_edge = n_obj, n_edge
-        root, n_obj, n_edge, used, grouped = _walk_one(data, file_starts[f], file_ends[f], kind, value, start,
-                                                       length, parent, key, child, first, count, grouped, memo,
-                                                       stack, marks, n_obj, n_edge, capacity)
+        root, n_obj, n_edge, used = _walk_one(data, file_starts[f], file_ends[f], kind, value, start, length,
+                                              parent, key, child, memo, stack, marks, n_obj, n_edge, capacity)
         memo[:used] = -1
         if root == _TOO_SMALL:
-            return _TOO_SMALL, roots, kind, value, start, length, parent, key, child, 0, 0, first, count, False
+            return _TOO_SMALL, roots, kind, value, start, length, parent, key, child, 0, 0
         if root < 0:   # not taken: its objects are dropped
             n_obj, n_edge = first_obj, first_edge
         roots[f] = root
-    return 0, roots, kind, value, start, length, parent, key, child, n_obj, n_edge, first, count, grouped
+    return 0, roots, kind, value, start, length, parent, key, child, n_obj, n_edge
 
 
 def _u32_py(data, pos):
@@ -342,24 +332,10 @@ def _uint_arg_py(data, pos, n, width):
     return _u32(data, pos) if width == 4 else np.int64(data[pos])
 
 
-def _edges_added_py(first, count, grouped, target, n_edge, k):
-    """`k` edges of container `target` added from edge `n_edge` on: its first edge and count kept, and whether
-    all edges so far still come grouped (a container's items are added by one opcode, up to 1,000 at a time;
-    one whose items come in two places breaks it). Returns that flag."""
-    if k > 0:
-        if count[target] == 0:
-            first[target] = n_edge
-        elif first[target] + count[target] != n_edge:
-            grouped = False
-        count[target] += k
-    return grouped
-
-
-def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, first, count, grouped, memo, stack,
-                 marks, n_obj, n_edge, capacity):
+def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, memo, stack, marks, n_obj, n_edge,
+                 capacity):
     """One file, from `pos` to `n`: returns (its root, -1 when not taken, or _TOO_SMALL; objects and edges
-    so far; memo slots used, to clear for the next file; whether every object's edges have come one after the
-    other so far, `grouped` on entry). Each object's first edge and count of them are kept as they come."""
+    so far; memo slots used, to clear for the next file)."""
     memo_capacity = memo.size
     sp = 0
     mp = 0
@@ -400,10 +376,8 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
             used = max(used, index + 1)
         elif op == 0x7D or op == 0x5D or op == 0x29:  # EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE
             if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
+                return _TOO_SMALL, n_obj, n_edge, used
             kind[n_obj] = DICT if op == 0x7D else (LIST if op == 0x5D else TUPLE)
-            first[n_obj] = 0
-            count[n_obj] = 0
             made = n_obj
             n_obj += 1
         elif op == 0x4B or op == 0x4D or op == 0x4A or op == 0x8A:  # BININT1, BININT2, BININT, LONG1
@@ -438,10 +412,8 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
                     v -= np.int64(1) << (8 * size)
                 pos += size
             if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
+                return _TOO_SMALL, n_obj, n_edge, used
             kind[n_obj] = INT
-            first[n_obj] = 0
-            count[n_obj] = 0
             value[n_obj] = v
             made = n_obj
             n_obj += 1
@@ -453,8 +425,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
             if kind[target] != (LIST if op == 0x61 else DICT):
                 break
             if n_edge >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
-            grouped = _edges_added(first, count, grouped, target, n_edge, 1)
+                return _TOO_SMALL, n_obj, n_edge, used
             parent[n_edge] = target
             key[n_edge] = -1 if op == 0x61 else stack[sp - 2]
             child[n_edge] = stack[sp - 1]
@@ -472,8 +443,7 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
             if kind[target] != (LIST if op == 0x65 else DICT):
                 break
             if n_edge + (sp - m) // step > capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
-            grouped = _edges_added(first, count, grouped, target, n_edge, (sp - m) // step)
+                return _TOO_SMALL, n_obj, n_edge, used
             for k in range(m, sp, step):
                 parent[n_edge] = target
                 key[n_edge] = -1 if step == 1 else stack[k]
@@ -496,10 +466,8 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
                 if m < 0:
                     break
             if n_obj >= capacity or n_edge + (sp - m) > capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
+                return _TOO_SMALL, n_obj, n_edge, used
             kind[n_obj] = TUPLE
-            first[n_obj] = n_edge
-            count[n_obj] = sp - m
             for k in range(m, sp):
                 parent[n_edge] = n_obj
                 key[n_edge] = -1
@@ -510,10 +478,8 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
             n_obj += 1
         elif op == 0x4E or op == 0x88 or op == 0x89:  # NONE, NEWTRUE, NEWFALSE
             if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
+                return _TOO_SMALL, n_obj, n_edge, used
             kind[n_obj] = NONE if op == 0x4E else BOOL
-            first[n_obj] = 0
-            count[n_obj] = 0
             value[n_obj] = 1 if op == 0x88 else 0
             made = n_obj
             n_obj += 1
@@ -525,10 +491,8 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
                 bits = (bits << 8) | np.int64(data[pos + k])
             pos += 8
             if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
+                return _TOO_SMALL, n_obj, n_edge, used
             kind[n_obj] = FLOAT
-            first[n_obj] = 0
-            count[n_obj] = 0
             value[n_obj] = bits
             made = n_obj
             n_obj += 1
@@ -541,10 +505,8 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
             if pos + size > n:
                 break
             if n_obj >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
+                return _TOO_SMALL, n_obj, n_edge, used
             kind[n_obj] = STR
-            first[n_obj] = 0
-            count[n_obj] = 0
             start[n_obj] = pos
             length[n_obj] = size
             value[n_obj] = _text_hash(data, pos, size)
@@ -567,10 +529,10 @@ def _walk_one_py(data, pos, n, kind, value, start, length, parent, key, child, f
             break   # anything else (globals, reduce, bytes, persistent ids...): not plain recorder data
         if made >= 0:
             if sp >= capacity:
-                return _TOO_SMALL, n_obj, n_edge, used, grouped
+                return _TOO_SMALL, n_obj, n_edge, used
             stack[sp] = made
             sp += 1
-    return root, n_obj, n_edge, used, grouped
+    return root, n_obj, n_edge, used
 
 
 def _group_by_parent_py(parent, n_obj):
@@ -673,11 +635,7 @@ _helpers: dict = {}
 def group_by_parent(t: "Tape") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(order, start, count): the edges of object i are `order[start[i]:start[i] + count[i]]`, as added (the
     order groups edges by parent, not necessarily in parent order); an empty order where the edges came
-    grouped (the usual case): object i's are then edges start[i] to start[i] + count[i] - 1 (`edge_ids`). The
-    walk finds that case itself as it adds the edges (then no pass over them here: 4% of a worker's
-    instructions at 8,192 x 200)."""
-    if t._groups is not None:
-        return np.empty(0, np.int32), *t._groups
+    grouped (the usual case): object i's are then edges start[i] to start[i] + count[i] - 1 (`edge_ids`)."""
     return _compiled("group_by_parent", _group_by_parent_py)(t.parent, len(t.kind))
 
 

@@ -35,8 +35,7 @@ import numpy as np
 _EDGES = "int32[::1], int32[::1], int64[::1], int32[::1]"   # child (or key), order, start, count
 SIGNATURES = {
     "walk": "Tuple((int64, int64[::1], int8[::1], int64[::1], int64[::1], int64[::1], int32[::1], int32[::1], "
-            "int32[::1], int64, int64, int64[::1], int32[::1], boolean))(uint8[::1], int64[::1], int64[::1], int64, "
-            "int64)",
+            "int32[::1], int64, int64))(uint8[::1], int64[::1], int64[::1], int64, int64)",
     "dense_codes": "Tuple((int64[::1], int64[::1]))(int64[::1], int64[::1])",
     "group_by_parent": "Tuple((int32[::1], int64[::1], int32[::1]))(int32[::1], int64)",
     "distinct_items": f"int64[::1]({_EDGES}, int64[::1], int64)",
@@ -269,7 +268,6 @@ def _compile(name: str, scratch: Path) -> Path:
         tape._u32 = numba.njit(inline="always")(tape._u32_py)
         tape._text_hash = numba.njit(inline="always")(tape._text_hash_py)
         tape._uint_arg = numba.njit(inline="always")(tape._uint_arg_py)
-        tape._edges_added = numba.njit(inline="always")(tape._edges_added_py)
         tape._walk_one = numba.njit(tape._walk_one_py)
         tape._open_table = numba.njit(inline="always")(tape._open_table_py)   # (the code tables' helpers)
         tape._claim = numba.njit(inline="always")(tape._claim_py)

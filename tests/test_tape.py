@@ -65,26 +65,6 @@ def test_masked_arrays_are_what_arrow_makes_of_a_mask(type_):
             masked_array(np.array([2**40]), type_, np.array([True]))
 
 
-def test_the_walk_finds_each_containers_edges_as_the_pass_over_them_does():
-    """Where every container's edges come one after the other (the recorder's layout, and Python's), the walk
-    keeps each one's first edge and count as it adds them, and `group_by_parent` gives those; where one's
-    items come in two places it keeps none, and the pass over the edges groups them."""
-    by_pass = tape._compiled("group_by_parent", tape._group_by_parent_py)
-    for path in PICKLES[:20]:
-        t = tape.read(read_dump_bytes(path))
-        assert t._groups is not None, path
-        order, start, count = by_pass(t.parent, len(t.kind))
-        assert len(order) == 0
-        first, walked = t._groups
-        assert (walked == count).all() and (first[count > 0] == start[count > 0]).all()
-    apart = b"\x80\x02]q\x00K\x01a]q\x01K\x02aa."   # [1, [2]], the outer list's items added before and after
-    assert pickle.loads(apart) == [1, [2]]
-    t = tape.read(apart)
-    assert t._groups is None
-    g = fastflat._Graph(t)
-    assert t.kind[g.children(t.root)].tolist() == [tape.INT, tape.LIST]
-
-
 def test_every_fixture_pickle_reads_the_same():
     assert len(PICKLES) >= 40
     for path in PICKLES:
