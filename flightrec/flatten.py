@@ -196,7 +196,7 @@ def _shape_columns(sizes: pa.ChunkedArray) -> tuple[pa.DictionaryArray, pa.Array
 def masked_array(values: np.ndarray, type_: pa.DataType, present: np.ndarray) -> pa.Array:
     """`values` as an Arrow array of `type_` (cast as `pa.array` casts, refusing what doesn't fit), null where
     not `present`. The validity bitmap is packed by numpy: Arrow turns a mask into it a value at a time (~2% of
-    a worker over a batch's columns), and a column with no null needs none."""
+    a worker's instructions over a batch's columns), and a column with no null needs none."""
     arr = pa.array(values, type=type_)
     if present.all():
         return arr
