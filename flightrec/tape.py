@@ -104,10 +104,9 @@ def _load_walker() -> None:
     dense_codes(np.zeros(1, np.int64), np.full(1, -1, np.int64))
     _compiled("group_by_parent", _group_by_parent_py)(np.zeros(1, np.int32), 1)
     i32, i64 = np.zeros(1, np.int32), np.zeros(1, np.int64)
-    _compiled("distinct_items", _distinct_items_py)(i32, i32, i64, i32, i64, 1)
-    _compiled("children_of", _children_of_py)(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
-                                              np.zeros(1, np.int32), np.zeros(1, np.int64))
-    _compiled("pivot", _pivot_py)(np.frombuffer(b"\0", np.uint8), np.zeros(1, np.int8), i64, i64, i32, i32, i32, i64,
+    _compiled("distinct_items", _distinct_items_py)(i32, i32, i32, i32, i64, 1)
+    _compiled("children_of", _children_of_py)(i32, i32, i32, i32, i64)
+    _compiled("pivot", _pivot_py)(np.frombuffer(b"\0", np.uint8), np.zeros(1, np.int8), i64, i64, i32, i32, i32, i32,
                                   i32, i64, np.zeros(1, np.uint8), i64, np.full(1, -1, np.int64))   # (read-only)
     _compiled("scalars", _scalars_py)(np.zeros(1, np.int8), i64, np.zeros((1, 1), np.int64), i64)
     _compiled("kinds_of", _kinds_of_py)(np.zeros(1, np.int8), i64, 1)
@@ -118,8 +117,8 @@ def _load_walker() -> None:
                                               none, none.copy(), none.copy(), np.full(1, -1, np.int64), 2)
     _compiled("shape_codes", _shape_codes_py)(np.zeros(2, np.int64), np.zeros(1, np.int64), i64, np.zeros(1, np.uint8),
                                               2)
-    _compiled("list_codes", _list_codes_py)(i32, i32, i64, i32, i64, i64, 2)
-    _compiled("sizes_codes", _sizes_codes_py)(np.zeros(1, np.int8), i64, i32, i32, i64, i32, none, 2)
+    _compiled("list_codes", _list_codes_py)(i32, i32, i32, i32, i64, i64, 2)
+    _compiled("sizes_codes", _sizes_codes_py)(np.zeros(1, np.int8), i64, i32, i32, i32, i32, none, 2)
 
 
 @dataclass(frozen=True)
@@ -541,9 +540,11 @@ def _group_by_parent_py(parent, n_obj):
     one pass over the runs of equal parents finds each object's run (a parent met in a second run means they
     are not) and the order is the identity, given as an empty array (`_edge_py`). (Per run, not per edge:
     counting each edge into its parent's slot took 2.4x as long, 0.79 vs 0.33 ms for a 43-file batch's 371K
-    edges.)"""
+    edges.) The first edges are int32, as `order` is (a batch's edges are far fewer than 2**31): every pass
+    that reads a container's items reads them, and half the bytes is less of the batch's tables to bring
+    into cache again each pass."""
     count = np.zeros(n_obj, np.int32)
-    start = np.zeros(n_obj, np.int64)
+    start = np.zeros(n_obj, np.int32)
     grouped = True
     e = 0
     n_edges = parent.size
@@ -563,7 +564,7 @@ def _group_by_parent_py(parent, n_obj):
     count[:] = 0
     for p in parent:
         count[p] += 1
-    start = np.empty(n_obj, np.int64)
+    start = np.empty(n_obj, np.int32)
     total = 0
     for i in range(n_obj):
         start[i] = total

@@ -28,16 +28,17 @@ from types import ModuleType
 
 import numpy as np
 
-# Each compiled function: its exported signature (the types the callers in `tape` pass: edges and counts as
-# int32, offsets and object ids as int64). The compiled code checks nothing: an array of another item size
-# crashes the process, a strided one is read as if contiguous. So each is called through `checked`, which
-# refuses (TypeError) what its signature doesn't declare: the batch then goes the unpickler's way.
-_EDGES = "int32[::1], int32[::1], int64[::1], int32[::1]"   # child (or key), order, start, count
+# Each compiled function: its exported signature (the types the callers in `tape` pass: edges, each object's
+# first edge and edge count as int32, offsets and object ids as int64). The compiled code checks nothing: an
+# array of another item size crashes the process, a strided one is read as if contiguous. So each is called
+# through `checked`, which refuses (TypeError) what its signature doesn't declare: the batch then goes the
+# unpickler's way.
+_EDGES = "int32[::1], int32[::1], int32[::1], int32[::1]"   # child (or key), order, start, count
 SIGNATURES = {
     "walk": "Tuple((int64, int64[::1], int8[::1], int64[::1], int64[::1], int64[::1], int32[::1], int32[::1], "
             "int32[::1], int64, int64))(uint8[::1], int64[::1], int64[::1], int64, int64)",
     "dense_codes": "Tuple((int64[::1], int64[::1]))(int64[::1], int64[::1])",
-    "group_by_parent": "Tuple((int32[::1], int64[::1], int32[::1]))(int32[::1], int64)",
+    "group_by_parent": "Tuple((int32[::1], int32[::1], int32[::1]))(int32[::1], int64)",
     "distinct_items": f"int64[::1]({_EDGES}, int64[::1], int64)",
     "children_of": f"Tuple((int64[::1], int64[::1]))({_EDGES}, int64[::1])",
     "pivot": "Tuple((int64[:, ::1], int64[::1], boolean))(uint8[::1], int8[::1], int64[::1], int64[::1], "

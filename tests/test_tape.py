@@ -541,7 +541,7 @@ def test_distinct_items_are_each_parents_children_once_in_the_order_first_met(ch
     nothing."""
     child = np.array([c for kids in children for c in kids], np.int32)
     count = np.array([len(kids) for kids in children] or [0], np.int32)
-    start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int32)
     order = np.arange(child.size, dtype=np.int32)
     parents = np.array([p for p in parents if p < len(children)], np.int64)
     want = list(dict.fromkeys(c for p in parents if p >= 0 for c in children[p]))
@@ -578,7 +578,7 @@ def test_edges_are_grouped_by_parent_in_the_order_added(runs, n_obj):
     merged = [p for i, (p, _) in enumerate(runs) if i == 0 or runs[i - 1][0] != p]
     if len(merged) == len(set(merged)):   # (one run each: read in place, no order made)
         assert order.size == 0
-    assert order.dtype == np.int32 and start.dtype == np.int64 and count.dtype == np.int32
+    assert order.dtype == np.int32 and start.dtype == np.int32 and count.dtype == np.int32
 
 
 @settings(max_examples=60, deadline=None)
@@ -648,7 +648,7 @@ def test_list_codes_give_lists_of_equal_codes_one_code_in_the_order_first_met(li
                   np.zeros(len(code_of), np.int64), np.zeros(len(code_of), np.int64), np.zeros(len(child), np.int32),
                   np.full(len(child), -1, np.int32), np.array(child, np.int32), -1)
     order = np.arange(len(child), dtype=np.int32)
-    starts = np.array(start + [0] * len(code_of_object), np.int64)
+    starts = np.array(start + [0] * len(code_of_object), np.int32)
     counts = np.array(count + [0] * len(code_of_object), np.int32)
     objects = np.array([-1 if items is None else i for i, items in enumerate(lists)], np.int64)
     codes, reps = tape.list_codes(t, order, starts, counts, objects, code_of)
