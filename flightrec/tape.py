@@ -210,6 +210,12 @@ def read_many(datas: list[bytes]) -> tuple[Tape | None, np.ndarray]:
     return read_laid_out(b"".join(datas), np.array([len(d) for d in datas], dtype=np.int64))
 
 
+# The tables hold object ids and edge indexes as int32 (half the bytes for the passes to bring into cache):
+# every object and edge takes a byte of input at least, so input under 2 GiB keeps them in range, and more is
+# left to the unpickler (the readers take files up to 2 GiB; a direct call may pass more).
+_MAX_BYTES = 2**31 - 128
+
+
 def read_laid_out(data: bytes | bytearray, sizes: np.ndarray) -> tuple[Tape | None, np.ndarray]:
     """`read_many` of files laid end to end from the start of `data` (which may run on past them: a reader's
     buffer, reused batch after batch), file i `sizes[i]` bytes. The tape keeps `data`: it must not change while
@@ -221,6 +227,8 @@ def read_laid_out(data: bytes | bytearray, sizes: np.ndarray) -> tuple[Tape | No
     ends = np.cumsum(sizes)
     starts = ends - sizes
     total = int(ends[-1])
+    if total > _MAX_BYTES:
+        return None, np.full(len(sizes), -1, np.int64)
     memo_capacity = int(sizes.max()) // 2 + 64   # a memo slot follows an object: two bytes at least
     # (dumps hold an edge per 5-18 bytes, an object per 8-32: start there, double when short, up to a slot
     # per byte, which is always enough: every object, edge or stack slot takes a byte of input at least)
@@ -540,7 +548,7 @@ def _group_by_parent_py(parent, n_obj):
     one pass over the runs of equal parents finds each object's run (a parent met in a second run means they
     are not) and the order is the identity, given as an empty array (`_edge_py`). (Per run, not per edge:
     counting each edge into its parent's slot took 2.4x as long, 0.79 vs 0.33 ms for a 43-file batch's 371K
-    edges.) The first edges are int32, as `order` is (a batch's edges are far fewer than 2**31): every pass
+    edges.) The first edges are int32, as `order` is (edges are fewer than 2**31: `_MAX_BYTES`): every pass
     that reads a container's items reads them, and half the bytes is less of the batch's tables to bring
     into cache again each pass."""
     count = np.zeros(n_obj, np.int32)

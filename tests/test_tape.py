@@ -128,6 +128,31 @@ def test_a_file_the_tape_does_not_take_leaves_the_rest_of_its_batch():
     _same(merge_parts([flatten_dump(pickle.loads(good), rank) for rank in (0, 2)]), got)
 
 
+def _counted(fn, calls: list):
+    def counted(*args):
+        calls.append(args[:2])
+        return fn(*args)
+    return counted
+
+
+def test_input_past_the_tables_int32_range_is_left_to_the_unpickler(monkeypatch):
+    """Object ids and edge indexes are int32: a batch of more bytes than that holds (here made small) is
+    declined whole, and the workers' way then reads its files with the unpickler, the same."""
+    from flightrec import parse_pool
+
+    good = PICKLES[0].read_bytes()
+    items = [(str(PICKLES[0]), 0), (str(PICKLES[0]), 1)]
+    by_tape = merge_parts(parse_pool._parse_with_tape(items))
+    monkeypatch.setattr(tape, "_MAX_BYTES", 2 * len(good) - 1)
+    joined, roots = tape.read_laid_out(good + good, np.array([len(good)] * 2, np.int64))
+    assert joined is None and roots.tolist() == [-1, -1]
+    assert tape.read(good) is not None
+    assert fastflat.flatten_pickles([good, good], [0, 1]) == (None, [])
+    monkeypatch.setattr(parse_pool, "_parse_one", _counted(parse_pool._parse_one, calls := []))
+    _same(by_tape, merge_parts(parse_pool._parse_with_tape(items)))
+    assert len(calls) == 2   # (both files read by the unpickler)
+
+
 def test_each_file_of_a_batch_keeps_its_own_backends():
     """A batch mixing NCCL, Gloo and no entries at all (`_backends_per_file`): each file's backends as
     flatten_dump gives them, not the batch's."""
