@@ -1,6 +1,7 @@
 """Fuzzing over mutated dumps: nothing escapes the API but FlightrecError, the CLI never prints a traceback
 and exits 0, 1 or 2. CI runs a bounded budget; set FLIGHTREC_FUZZ_EXAMPLES for a longer campaign."""
 
+import atexit
 import math
 import os
 import pickle
@@ -22,6 +23,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 _BASE = Path(tempfile.mkdtemp(prefix="flightrec-fuzz-")) / "job"
+atexit.register(shutil.rmtree, _BASE.parent, ignore_errors=True)   # (made at import: no fixture removes it)
 synth.generate(synth.Job(tp=2, pp=2, dp=1, steps=2, fault=synth.Fault(kind="not_joined", rank=1)), _BASE)
 _RANKS = sorted(int(p.name.rsplit("_", 1)[1]) for p in _BASE.iterdir())
 
