@@ -23,6 +23,7 @@ import platform
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -216,7 +217,7 @@ def build(folder: str | os.PathLike | None = None) -> Path:
     if target is None:
         raise FlightrecError(f"no writable folder for the compiled reader (tried {', '.join(map(str, targets))}); "
                              "set FLIGHTREC_READER_DIR to a folder you own")
-    with tempfile.TemporaryDirectory(prefix="flightrec-build-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="flightrec-build-") as scratch, _temporary_files_in(scratch):
         try:
             built = _compile(name, Path(scratch))
         except Exception as exc:  # noqa: BLE001 - distutils, the compiler and numba raise many kinds
@@ -243,6 +244,20 @@ def build(folder: str | os.PathLike | None = None) -> Path:
         raise FlightrecError(f"built {path}, but it won't be loaded: {target} is writable by other users (or not "
                              f"yours); run `chmod go-w {target}`, or set FLIGHTREC_READER_DIR to a folder you own")
     return path
+
+
+@contextmanager
+def _temporary_files_in(folder: str):
+    """Python's temporary files and folders made meanwhile go into `folder`. numba checks that a C compiler
+    works by compiling a probe (temp.c, temp.cxx) in a folder of the system's temporary directory, which it
+    never removes (its cleanup hands the file object to os.remove): each build left two such folders in /tmp.
+    In the build's scratch folder they go with it."""
+    saved = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
 
 
 def _writable(folder: Path) -> bool:

@@ -5,6 +5,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +18,32 @@ from flightrec.errors import FlightrecError  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _compiler_probes() -> set[str]:
+    """The folders in the system's temporary directory holding a compiler probe (temp.c or temp.cxx), as numba
+    makes to check that a C compiler works."""
+    root = Path(tempfile.gettempdir())
+    return {str(p.parent) for pattern in ("*/temp.c", "*/temp.cxx") for p in root.glob(pattern)}
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    """One build for the module (~20-40 s of the compiler), in a folder of its own."""
+    """One build for the module (~20-40 s of the compiler), in a folder of its own; and the compiler probes it
+    left in the system's temporary directory."""
+    from numba.pycc import platform
+
     folder = tmp_path_factory.mktemp("reader")
     this_cpu = tape_build.module_name()[:len(tape_build._PREFIX) + 8]
     (folder / tape_build._file_name(this_cpu + "_0123456789abcdef")).write_bytes(b"an earlier build")
     (folder / tape_build._file_name("_flightrec_tape_ffffffff_0123456789abcdef")).write_bytes(b"another CPU's")
+    platform.external_compiler_works.cache_clear()   # (numba probes once a process: this build probes, as a CLI's)
+    before = _compiler_probes()
     path = tape_build.build(folder)
-    return folder, path
+    return folder, path, _compiler_probes() - before
+
+
+def test_a_build_leaves_nothing_in_the_temporary_directory(built):
+    _, _, left = built
+    assert left == set()
 
 
 def _env(folder: Path) -> dict:
@@ -33,14 +51,14 @@ def _env(folder: Path) -> dict:
 
 
 def test_every_tape_test_passes_with_the_built_reader(built):
-    folder, _ = built
+    folder, _, _ = built
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_tape.py"],
                           capture_output=True, text=True, timeout=900, cwd=ROOT, env=_env(folder))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_the_built_reader_starts_without_numba(built):
-    folder, path = built
+    folder, path, _ = built
     code = ("import sys\n"
             "from flightrec import tape\n"
             "assert tape.built()\n"
@@ -60,7 +78,7 @@ def test_the_built_functions_refuse_what_their_signature_does_not_declare(built)
     one was read as contiguous): the wrappers refuse them, and the batch goes the unpickler's way."""
     import numpy as np
 
-    folder, path = built
+    folder, path, _ = built
     spec = importlib.util.spec_from_file_location(path.name.split(".")[0], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
