@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,11 @@ def _compiler_probes() -> set[str]:
 def built(tmp_path_factory):
     """One build for the module (~20-40 s of the compiler), in a folder of its own; and the compiler probes it
     left in the system's temporary directory."""
-    from numba.pycc import platform
+    from numba.core.errors import NumbaPendingDeprecationWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)   # (pycc: as tape_build imports it)
+        from numba.pycc import platform
 
     folder = tmp_path_factory.mktemp("reader")
     this_cpu = tape_build.module_name()[:len(tape_build._PREFIX) + 8]
