@@ -48,9 +48,13 @@ def shape_key(as_text: bool = False) -> pl.Expr:
 
 
 def all_to_all_totals_ok() -> pl.Expr:
-    """Per collective (in a group_by): what all members send adds up to what they all receive."""
+    """Per collective (in a group_by): what all members send adds up to what they all receive. MoE jobs run
+    all_to_all with uneven splits, so only the totals over the whole group must agree, and only where every
+    member recorded it: a member missing (no dump, an only-active dump that left out its finished entry, or one
+    that never joined) leaves the sums unequal with nothing wrong (NVIDIA's real MoE dumps, fixtures/nvrx)."""
     return (
         (pl.col("op").first() != "all_to_all")
+        | (pl.len() < pl.col("size").first())
         | (pl.col("input_numel").sum() == pl.col("output_numel").sum())
         | pl.col("input_numel").is_null().any() | pl.col("output_numel").is_null().any()
     )
