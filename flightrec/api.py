@@ -89,7 +89,7 @@ def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
     with ThreadPoolExecutor(max_workers=1) as pool:
         job = pool.submit(read_timestamps)
         w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
-        loc = locate(m, topo, exclude=set(w.waiting))
+        loc = locate(m, topo, exclude=set(w.waiting) | set(m.gpu_stalls["rank"].to_list()))
         verdict, summary, findings = diagnose(trace, m, w, loc, topo, lambda: job.result()[0], timing_options)
         timing, timing_findings = job.result()
     return Diagnosis(w, loc, timing, verdict, summary, findings, timing_findings)

@@ -13,6 +13,7 @@ import polars as pl
 
 from . import lookup
 from .divergences import divergences
+from .gpu_stalls import gpu_stalls
 from .op_rules import all_to_all_totals_ok, known_op, shape_key, size_rule_ok
 from .schema import (
     COLLECTIVES,
@@ -35,6 +36,7 @@ class Matching:
         progress: one row per (group, member): how far it got, how far behind the group's frontier.
         divergences: each group's first collective where members disagree or some never joined.
         p2p: sends paired with receives; unmatched ones name both ends.
+        gpu_stalls: ranks whose peers finished collectives with them that they never saw finish (`gpu_stalls`).
     """
 
     units: pl.DataFrame
@@ -42,6 +44,7 @@ class Matching:
     progress: pl.DataFrame
     divergences: pl.DataFrame
     p2p: pl.DataFrame
+    gpu_stalls: pl.DataFrame
 
 
 # ---------------------------------------------------------------------------------------------- predicates
@@ -554,8 +557,17 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
     if only_active:
         collective_groups = (entries.lazy().filter(~pl.col("is_p2p") & (pl.col("p2p_seq_id").fill_null(0) == 0))
                              .select("group").unique().collect())
-        done = pg_status.select("rank", "pg_id", pl.col("last_completed").alias("_done"))
-        own_pending = ((pl.col("state") == "started")
+        done = pg_status.select("rank", "pg_id", pl.col("last_completed").alias("_done"),
+                                pl.col("last_enqueued").alias("_enqueued"))
+        # A send or receive run alone (not in a batch) carries its own state, and the writer left it out once it
+        # saw it complete: where the rank's counters show work of the group unfinished, in a group where no rank
+        # has a batch left, each one left is unfinished (the counters alone can't say which: single ops to
+        # different peers run on different streams and finish out of order, so an older one can be stuck behind
+        # a newer completed one; NVIDIA's real dumps, fixtures/nvrx/gpu_error_1st). A batch of one op whose
+        # closer was left out reads like one, but leaves the counters even once it finished.
+        singles = (~pl.col("group").is_in(_groups_with_batches(entries)["group"].implode())
+                   & (pl.col("_done") < pl.col("_enqueued")).fill_null(False))
+        own_pending = ((pl.col("state") == "started") | singles
                        | ((pl.col("p2p_seq_id") > pl.col("_done"))
                           & ~pl.col("group").is_in(collective_groups["group"].implode())).fill_null(False))
     batch_state = pl.when(pl.col("_closer")).then(pl.col("state")).backward_fill()
@@ -575,12 +587,13 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
         # unfinished-looking ops say nothing, as its last collectives don't (`progress`: has_dump))
         .with_columns((pl.col("_tracks") & pl.when(pl.col("_batch_state").is_not_null())
                        .then(pl.col("_batch_state") != "completed").otherwise(own_pending)
-                       & ~pl.col("rank").is_in(cut_short(dumps).implode())).alias("pending"))
+                       & ~pl.col("rank").is_in(cut_short(dumps).implode())).alias("pending"),
+                      (pl.coalesce("_batch_state", "state") == "started").alias("started"))
         .with_columns(
             pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),
             pl.when(pl.col("op") == "send").then("peer").otherwise("rank").alias("dst"),
         )
-        .drop("is_p2p", "_closer", "pg_id", *(["_done"] if only_active else []))
+        .drop("is_p2p", "_closer", "pg_id", *(["_done", "_enqueued"] if only_active else []))
     )
     # Pair over the whole window only where both ends kept their whole history.
     any_wrapped = dumps["wrapped"].any()
@@ -590,10 +603,12 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
         return pl.DataFrame(schema=P2P_OPS_SCHEMA)
     sends = pool.filter(pl.col("op") == "send").select(
         "group", "src", "dst", "ordinal", pl.col("rank").alias("send_rank"),
-        pl.col("pending").alias("send_pending"), pl.col("input_sizes").alias("send_sizes"))
+        pl.col("pending").alias("send_pending"), pl.col("input_sizes").alias("send_sizes"),
+        pl.col("record_id").alias("send_record"), pl.col("started").alias("send_started"))
     recvs = pool.filter(pl.col("op") == "recv").select(
         "group", "src", "dst", "ordinal", pl.col("rank").alias("recv_rank"),
-        pl.col("pending").alias("recv_pending"), pl.col("output_sizes").alias("recv_sizes"))
+        pl.col("pending").alias("recv_pending"), pl.col("output_sizes").alias("recv_sizes"),
+        pl.col("record_id").alias("recv_record"), pl.col("started").alias("recv_started"))
     pairs = sends.join(recvs, on=["group", "src", "dst", "ordinal"], how="full", coalesce=True)
     pairs = pairs.with_columns(
         pl.when(pl.col("recv_rank").is_null()).then(pl.lit("unmatched_send"))
@@ -607,6 +622,16 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
 
 
 # ---------------------------------------------------------------------------------------------- entry point
+
+
+def _groups_with_batches(entries: pl.DataFrame) -> pl.DataFrame:
+    """(group): groups where some rank ran sends and receives in a batch (`batch_isend_irecv`): a closer is left,
+    or two of its send/recv entries share one p2p seq (a finished batch whose closer the writer left out)."""
+    p2p = entries.lazy().filter(pl.col("is_p2p") | is_p2p_closer())
+    closers = p2p.filter(pl.col("op") == "coalesced").select("group")
+    shared = (p2p.filter(pl.col("is_p2p")).group_by("rank", "group", "p2p_seq_id").len()
+              .filter(pl.col("len") > 1).select("group"))
+    return pl.concat([closers, shared]).unique().collect()
 
 
 def groups_with_p2p(entries: pl.DataFrame) -> pl.DataFrame:
@@ -640,5 +665,5 @@ def match(entries: pl.DataFrame, groups: pl.DataFrame, members: pl.DataFrame, du
     colls = classify(units, prog)
     return Matching(
         units=units, collectives=colls, progress=prog, divergences=divergences(units, colls, prog, groups),
-        p2p=p2p_pairs(entries, dumps, completion, pg_status),
+        p2p=p2p_pairs(entries, dumps, completion, pg_status), gpu_stalls=gpu_stalls(prog, p2p_groups),
     )

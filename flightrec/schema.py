@@ -228,6 +228,10 @@ P2P_OPS_SCHEMA = pl.Schema({
     "recv_rank": pl.Int64,
     "send_pending": pl.Boolean,
     "recv_pending": pl.Boolean,
+    "send_record": pl.Int64,           # the entries' record ids (per rank: where in its program each end is)
+    "recv_record": pl.Int64,
+    "send_started": pl.Boolean,        # the end's GPU began it (NCCL timing on: `started`, or its batch's closer)
+    "recv_started": pl.Boolean,
     "send_sizes": Text,
     "recv_sizes": Text,
     "status": pl.Enum(["matched", "in_flight", "unmatched_send", "unmatched_recv", "size_mismatch"]),
