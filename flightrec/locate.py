@@ -31,8 +31,30 @@ class Location:
     seqs: dict[str, int]          # stuck group -> its in-flight collective seq (or -1 for a p2p pair)
 
 
+def unit_pending() -> pl.Expr:
+    """A rank's part in a collective is unfinished: not completed where its recorder reports completion (NCCL),
+    still in the work queue (not retired) where it doesn't (Gloo)."""
+    return pl.when(pl.col("tracks_completion")).then(pl.col("state") != "completed").otherwise(~pl.col("retired"))
+
+
+def oldest_pending(m: Matching) -> pl.DataFrame:
+    """(rank, _oldest): the record id of each rank's oldest unfinished op, collective or send/recv: where its GPU
+    stands. The CPU runs ahead of the GPU, enqueuing (recording, `scheduled`) its next ops until Python needs a
+    result, so a rank's later unfinished ops are its run-ahead, not ops its GPU is in (unless they began:
+    `started`, NCCL timing on)."""
+    units = m.units.lazy().filter(unit_pending()).select("rank", "record_id")
+    ends = [m.p2p.lazy().filter(pl.col(f"{end}_pending") & pl.col(f"{end}_record").is_not_null())
+            .select(pl.col(f"{end}_rank").alias("rank"), pl.col(f"{end}_record").alias("record_id"))
+            for end in ("send", "recv")]
+    return (pl.concat([units, *ends]).group_by("rank").agg(pl.col("record_id").min().alias("_oldest")).collect())
+
+
 def stuck_tests(m: Matching) -> pl.DataFrame:
-    """(test id, rank) for every in-flight collective at a group's frontier and every in-flight p2p pair."""
+    """(test id, rank) for every in-flight collective at a group's frontier and every in-flight p2p pair that
+    holds each member's GPU: it is every member's oldest unfinished op (`oldest_pending`), or it began on every
+    member (`started`). One that is some member's run-ahead, queued behind another op, proves nothing of the
+    hardware under it: with NCCL timing off every enqueued op reads `scheduled`, and at a hang most are in
+    flight on every member (NVIDIA's real dumps, fixtures/nvrx)."""
     frontier = m.progress.group_by("group").agg(pl.col("frontier").first())
     colls = (
         m.collectives.join(frontier, on="group")
@@ -44,8 +66,18 @@ def stuck_tests(m: Matching) -> pl.DataFrame:
     )
     # a semi join hashes the few stuck collectives and streams the units past them (an inner join with the
     # units on the right hashed all 14.6M of them at 16K x 2,000: +1.5 GiB)
-    coll_ranks = (m.units.lazy().select("group", "collective_seq_id", "rank")
-                  .join(colls.lazy(), on=["group", "collective_seq_id"], how="semi").collect())
+    oldest = oldest_pending(m)
+    # (a member on which it is finished, a Gloo member whose part failed at its timeout, says nothing either way)
+    coll_ranks = (m.units.lazy().select("group", "collective_seq_id", "rank", "record_id", "state",
+                                        unit_pending().alias("_pending"))
+                  .join(colls.lazy(), on=["group", "collective_seq_id"], how="semi")
+                  .join(oldest.lazy(), on="rank", how="left")
+                  .filter((~pl.col("_pending") | (pl.col("record_id") == pl.col("_oldest")).fill_null(False)).all()
+                          .over("group", "collective_seq_id")
+                          | (pl.col("state") == "started").all().over("group", "collective_seq_id"))
+                  .select("group", "collective_seq_id", "rank").collect())
+    colls = colls.join(coll_ranks.select("group", "collective_seq_id").unique(), on=["group", "collective_seq_id"],
+                       how="semi")
     # and members whose dump doesn't show that entry (cut short before it), though they provably enqueued it
     # (`progress.enqueued_at_least`: NCCL's counter, where it passed the entries kept) and did not complete it:
     # a rank alone on its host is that host's only witness
@@ -54,7 +86,10 @@ def stuck_tests(m: Matching) -> pl.DataFrame:
                    & ~(pl.col("last_completed") >= pl.col("collective_seq_id")).fill_null(False))
            .select("group", "collective_seq_id", "rank"))
     coll_ranks = pl.concat([coll_ranks, cut.cast(coll_ranks.schema)])
-    p2p = m.p2p.filter(pl.col("status") == "in_flight")
+    at = {end: (pl.col(f"{end}_rank").replace_strict(oldest["rank"], oldest["_oldest"], default=None)
+                == pl.col(f"{end}_record")).fill_null(False) for end in ("send", "recv")}
+    p2p = m.p2p.filter((pl.col("status") == "in_flight")
+                       & ((at["send"] & at["recv"]) | (pl.col("send_started") & pl.col("recv_started"))))
     p2p_ranks = pl.concat([
         p2p.select(pl.format("{}:{}->{}", "group", "src", "dst").alias("group"),
                    pl.lit(-1, pl.Int64).alias("collective_seq_id"), pl.col(c).alias("rank"))
