@@ -6,6 +6,7 @@ Loops here run over the few findings (roots, divergent groups, cycles), never ov
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from functools import cached_property
 from typing import Callable
 
@@ -14,7 +15,7 @@ import polars as pl
 from . import cycles
 from .load import Trace, format_ranks
 from .locate import Location
-from .match import Matching
+from .match import Matching, written_only_active
 from .report import Finding, ProcessGroupRef
 from .schema import MISMATCH_STATUSES, GroupId
 from .timing import TimingOptions, TimingResult, late_joiners
@@ -51,6 +52,8 @@ class _Context:
         # missing ranks `_root_findings` does not name, as every rank waiting on them also waits on a missing
         # unit more ranks wait on (`_overshadowed`): rank -> that unit's ranks
         self.overshadowed: dict[int, list[int]] = {}
+        # the writer kept only unfinished entries: a rank with none had finished everything it enqueued
+        self.only_active = written_only_active(trace.dumps)
 
     @cached_property
     def clock_shift(self) -> pl.DataFrame:
@@ -99,7 +102,7 @@ class _Context:
     def describe_last(self, rank: int) -> str:
         e = self.last_entry(rank)
         if e is None:
-            return "no entry recorded"
+            return "none unfinished" if self.only_active else "no entry recorded"
         g = self.groups.get(e["group"])
         where = g.label() if g else f"group {e['pg_name']}"
         seq = f" #{e['collective_seq_id']}" if not e["is_p2p"] else ""
@@ -461,20 +464,11 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
         ctx.held_in_transfers = went_on
         roots = [r for r in roots if r not in went_on]
     out: list[Finding] = []
-
-    # A root is often waited on in several groups; name the op it should have run first: of those no other
-    # precedes in some rank's program order (`_preceded`: clock-free), the one its peers enqueued earliest.
-    # (lazy, over the three columns it reads: an eager join copies every column of the matched units)
-    # (on one clock: the hosts' offsets timing found are taken out)
-    when = (ctx.m.units.lazy().select("group", "collective_seq_id", "rank", "time_created_ns")
-            .join(edges.lazy().select("group", pl.col("seq").alias("collective_seq_id")).unique(),
-                  on=["group", "collective_seq_id"])
-            .join(ctx.clock_shift.lazy(), on="rank", how="left")
-            .group_by("group", "collective_seq_id")
-            .agg((pl.col("time_created_ns") - pl.col("_shift_ns").fill_null(0)).min().alias("_t")).collect())
-    edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
-    edges = edges.join(_preceded(ctx, edges), on=["dst", "group", "seq"], how="anti")
-    by_instance: dict[tuple[str, int | None, str], list[int]] = defaultdict(list)  # (group, seq, edge kind)
+    edges = _in_program_order(ctx, edges)
+    # Roots that never joined the same collective of groups of one kind (the same seq of each expert-parallel
+    # group: two ranks stopped at one point of the program) are one finding; else one per (group, seq, kind).
+    by_instance: dict[tuple, list[int]] = defaultdict(list)   # (group or kind, seq, edge kind) -> roots
+    groups_of: dict[tuple, list[str]] = defaultdict(list)
     mine_of: dict[int, pl.DataFrame] = {}
     for r in roots:
         if r in missing:
@@ -483,9 +477,17 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
         if mine.height == 0:
             continue
         first = mine.row(0, named=True)
-        by_instance[(first["group"], first["seq"] if first["kind"] != "p2p" else None, first["kind"])].append(r)
+        seq = first["seq"] if first["kind"] != "p2p" else None
+        # (only ranks that stopped alike: the same note on their last entry)
+        alike = _stopped_note(ctx, r, ctx.describe_last(r)) if len(roots) > 1 else ""
+        key = (_kind_of(ctx, first["group"]) if seq is not None else first["group"], seq, first["kind"], alike)
+        by_instance[key].append(r)
+        if first["group"] not in groups_of[key]:
+            groups_of[key].append(first["group"])
         mine_of[r] = mine
-    for (group, seq, kind), ranks in sorted(by_instance.items(), key=lambda kv: kv[1][0]):
+    for key, ranks in sorted(by_instance.items(), key=lambda kv: kv[1][0]):
+        _, seq, kind, _ = key
+        group, *more = groups_of[key]
         g = ctx.groups.get(group)
         waiting = ctx.w.waiters_of(ranks)
         doing = ctx.describe_last(ranks[0])
@@ -494,17 +496,90 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
                    f"{g.label() if g else group}; {_n_wait(len(waiting))} on it")
             op = "send/recv"
         else:
-            op, msg = _never_joined(ctx, ranks, group, seq, waiting)
+            op, msg = _never_joined(ctx, ranks, groups_of[key], seq, waiting)
+        counted: dict = {}
+        for each in groups_of[key]:
+            counted |= _counted_only(ctx, ranks, each).get("last_seq_from_pg_status", {})
         out.append(Finding(
             kind="not_joined", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
             process_group=g, collective_seq_id=seq, op=op,
             evidence={"last_entry": doing, "waiting_ranks": len(waiting), "note": _stopped_note(ctx, ranks[0], doing),
                       **({"also_waited_on_in": also} if (also := _other_waits(ctx, mine_of[ranks[0]])) else {}),
-                      **_counted_only(ctx, ranks, group)},
+                      **({"groups": groups_of[key]} if more else {}),
+                      **({"last_seq_from_pg_status": counted} if counted else {})},
             stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))],
         ))
     # (ranks whose dumps prove them behind come first: how far a rank with no dump got is unknown)
     return out + _missing_findings(ctx, missing, edges)
+
+
+def _with_gpu_stalls(ctx: _Context, roots: list[Finding]) -> list[Finding]:
+    """Ranks whose GPU stopped (`Matching.gpu_stalls`: their peers finished collectives with them that they never
+    saw finish) named as such. A root that never joined the op others wait in, all of whose ranks stalled, is
+    that: its CPU stopped at a sync point behind its GPU (NVIDIA's gpu_error dumps). The stalled ranks no root
+    names get a finding of their own."""
+    stalls = ctx.m.gpu_stalls
+    if stalls.height == 0:
+        return roots
+    stalled = set(stalls["rank"].to_list())
+    out, named = [], set()
+    for f in roots:
+        if f.kind == "not_joined" and f.ranks and set(f.ranks) <= stalled:
+            out.append(_gpu_stall_finding(ctx, f.ranks, joined=f))
+            named |= set(f.ranks)
+        else:
+            out.append(f)
+    rest = sorted(stalled - named - {r for f in out for r in f.ranks})
+    if rest:
+        out.append(_gpu_stall_finding(ctx, rest))
+    return out
+
+
+def _gpu_stall_finding(ctx: _Context, ranks: list[int], joined: Finding | None = None) -> Finding:
+    """One finding for `ranks`, whose GPUs stopped; `joined`: the not_joined finding of the same ranks, whose op
+    others wait in it carries on."""
+    mine = ctx.m.gpu_stalls.filter(pl.col("rank").is_in(ranks))
+    per_group = (mine.group_by("group").agg(pl.col("first_unacked").min(), pl.col("last_unacked").max(),
+                                            pl.col("unacked").max())
+                 .sort("unacked", "group", descending=[True, False]))
+    unacked = int(mine.group_by("rank").agg(pl.col("unacked").sum())["unacked"].max())
+    where = {}
+    for group, first, last, _n in per_group.iter_rows():
+        g = ctx.groups.get(group)
+        where[g.label() if g else f"group {group}"] = f"#{first}" if first == last else f"#{first}-{last}"
+    one = len(ranks) == 1
+    label = ctx.ranks_label(ranks)
+    head = (f"GPU of {label} stopped" if one else f"GPUs of {label} stopped")
+    says = (f"{'its' if one else 'their'} peers finished {unacked:,} collective{'s' if unacked != 1 else ''} with "
+            f"{'it' if one else 'them'} that {'it' if one else 'they'} never saw finish")
+    evidence = {"unacked_collectives": unacked, "unacked_in": where}
+    if joined is not None:
+        evidence |= {k: v for k, v in joined.evidence.items() if k != "note"}
+        # ("ranks X never joined <op> #<seq> in <group>; N ranks wait on it": from "never joined" on)
+        _, _, rest = joined.message.partition(" never joined ")
+        msg = f"{head}: {says}; {'it' if one else 'they'} never joined {rest}"
+        return replace(joined, kind="gpu_stalled", message=msg, evidence=evidence)
+    first_group = next(iter(where.items()))
+    msg = f"{head}: {says} ({first_group[0]} {first_group[1]}{', ...' if len(where) > 1 else ''})"
+    return Finding(kind="gpu_stalled", role="root_cause", message=msg, ranks=list(ranks),
+                   hosts=ctx.topo.hosts(ranks), evidence=evidence,
+                   stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))])
+
+
+def _in_program_order(ctx: _Context, edges: pl.DataFrame) -> pl.DataFrame:
+    """The wait edges into roots, with `_t` (when its peers enqueued the op waited for) and without those another
+    one precedes: a root is often waited on in several groups, and the op it should have run first is, of those
+    no other precedes in some rank's program order (`_preceded`: clock-free), the one its peers enqueued earliest
+    (on one clock: the hosts' offsets timing found are taken out)."""
+    # (lazy, over the three columns it reads: an eager join copies every column of the matched units)
+    when = (ctx.m.units.lazy().select("group", "collective_seq_id", "rank", "time_created_ns")
+            .join(edges.lazy().select("group", pl.col("seq").alias("collective_seq_id")).unique(),
+                  on=["group", "collective_seq_id"])
+            .join(ctx.clock_shift.lazy(), on="rank", how="left")
+            .group_by("group", "collective_seq_id")
+            .agg((pl.col("time_created_ns") - pl.col("_shift_ns").fill_null(0)).min().alias("_t")).collect())
+    edges = edges.join(when.rename({"collective_seq_id": "seq"}), on=["group", "seq"], how="left")
+    return edges.join(_preceded(ctx, edges), on=["dst", "group", "seq"], how="anti")
 
 
 def _other_waits(ctx: _Context, mine: pl.DataFrame) -> list[str]:
@@ -526,11 +601,32 @@ def _other_waits(ctx: _Context, mine: pl.DataFrame) -> list[str]:
     return out[:4]
 
 
-def _never_joined(ctx: _Context, ranks: list[int], group: str, seq: int, waiting: list[int]) -> tuple[str, str]:
-    """(op, "ranks X never joined <op> #<seq> in <group>; N ranks wait on them"): the not_joined headline."""
+def _kind_of(ctx: _Context, group: str) -> str:
+    """A group's kind, for telling apart the same point of the program in groups of one kind: its desc where it
+    names one (not PyTorch's default "undefined", nor the default group's), else the group itself."""
     g = ctx.groups.get(group)
-    op = ctx.op_at(group, seq) or "collective"
-    return op, (f"{ctx.ranks_label(ranks)} never joined {op} #{seq} in {g.label() if g else group}; "
+    desc = g.desc if g else ""
+    return f"desc:{desc}" if desc and desc not in ("undefined", "default_pg") else f"group:{group}"
+
+
+def _groups_label(ctx: _Context, groups: list[str]) -> str:
+    """'group 73 (desc 'X')', or for several groups of one kind 'groups 73, 74 (desc 'X')'."""
+    if len(groups) == 1:
+        g = ctx.groups.get(groups[0])
+        return g.label() if g else f"group {groups[0]}"
+    refs = [ctx.groups.get(x) for x in groups]
+    names = ", ".join(r.name if r else x for r, x in zip(refs, groups))
+    desc = refs[0].desc if refs[0] else ""
+    return f"groups {names}" + (f" (desc '{desc}')" if desc and desc != "undefined" else "")
+
+
+def _never_joined(ctx: _Context, ranks: list[int], groups: str | list[str], seq: int,
+                  waiting: list[int]) -> tuple[str, str]:
+    """(op, "ranks X never joined <op> #<seq> in <group>; N ranks wait on them"): the not_joined headline.
+    `groups`: one group, or several of one kind (the same seq of each)."""
+    groups = [groups] if isinstance(groups, str) else groups
+    op = ctx.op_at(groups[0], seq) or "collective"
+    return op, (f"{ctx.ranks_label(ranks)} never joined {op} #{seq} in {_groups_label(ctx, groups)}; "
                 f"{_n_wait(len(waiting))} on {'it' if len(ranks) == 1 else 'them'}")
 
 
@@ -565,6 +661,9 @@ def _stopped_note(ctx: _Context, rank: int, doing: str) -> str:
         return "its recorder does not report completion (Gloo): its last entry is still in the work queue"
     if doing.endswith("completed"):
         return "its last recorded op finished: it is stuck outside any collective (host code, data loader, GPU)"
+    if last is None and ctx.only_active:
+        return ("every op it enqueued had finished (its dump, of unfinished entries only, lists none): it stopped "
+                "outside any collective, in host code (Python, a held GIL, data loading, I/O)")
     return "its last recorded op did not finish"
 
 
@@ -974,7 +1073,11 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     explained |= waited_on_late
     stuck = set(loc.stuck_ranks) if loc else set()
     stuck_at = {g: seq for g, seq in loc.seqs.items() if seq >= 0} if loc else {}
-    roots += _root_findings(ctx, explained, stuck, stuck_at)
+    # (a rank whose GPU stopped is in the collectives stuck on it: it is still named, `_with_gpu_stalls`)
+    stalled = set(m.gpu_stalls["rank"].to_list())
+    roots += _root_findings(ctx, explained, stuck - stalled, stuck_at)
+    roots = _with_gpu_stalls(ctx, roots)
+    explained |= stalled | set(w.waiters_of(sorted(stalled)))
     stuck_findings = _stuck_findings(ctx, loc, explained)
 
     findings = [f for f in roots if f.role == "root_cause"] + [f for f in stuck_findings if f.role == "root_cause"]

@@ -31,7 +31,11 @@ def _same(want: dict, got: dict) -> None:
     assert got is not None
     assert set(got) == set(want)
     for key in want:
-        if key == "entries" and want[key] is not None:
+        if key == "entries" and want[key] is not None and want[key].num_rows == 0:
+            # (a dump with no entry, as NVIDIA's only-active dumps of a rank that had nothing in flight: the
+            # batch reader gives no table where the unpickler's way gives an empty one; both merge to nothing)
+            assert got[key] is None or got[key].num_rows == 0
+        elif key == "entries" and want[key] is not None:
             assert got[key] is not None
             assert _decoded(raw_derived(got[key])).equals(_decoded(raw_derived(want[key]))), key
         elif hasattr(want[key], "equals"):
