@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .schema import KNOWN_DUMP_VERSIONS, STATES, TRUNCATED
+from .schema import ANY_SOURCE, KNOWN_DUMP_VERSIONS, P2P_OPS, STATES, TRUNCATED
 
 # Raw op names the writers emit (NCCL, Gloo, and older spellings) -> our vocabulary (schema.OPS).
 _OP_ALIASES = {
@@ -35,14 +35,38 @@ _OP_ALIASES = {
     "all_to_all_single": "all_to_all",
     "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
     "barrier": "barrier", "send": "send", "recv": "recv", "coalesced": "coalesced",
-    # spellings read from the 2.x writers (see docs/format.md)
-    "_all_gather_base": "all_gather", "all_gather_single": "all_gather", "all_gather_v": "all_gather",
-    "reduce_scatter_single": "reduce_scatter", "reduce_scatter_v": "reduce_scatter",
+    # spellings read from the 2.x writers
+    "_all_gather_base": "all_gather", "all_gather_single": "all_gather",
+    "reduce_scatter_single": "reduce_scatter",
     "all_to_all_v_single": "all_to_all", "all_reduce_barrier": "barrier", "_broadcast_oop": "broadcast",
     "_reduce_oop": "reduce", "all_reduce_sparse": "all_reduce", "sparse_all_reduce": "all_reduce",
     "recvanysource": "recv",
+    # the c10d hook and torchcomms writers' names (research: PyTorch's hooks/FlightRecorderHook.cpp, torchcomms'
+    # TorchCommHooks.hpp): the "_v" forms are uneven, their members' shapes differ by design
+    "all_gather_v": "all_gather_v", "reduce_scatter_v": "reduce_scatter_v", "gather_single": "gather",
+    "batch_op_issue": "p2p_batch", "split": "split", "new_window": "new_window",
 }
+# torch's dtype names -> the c10 ScalarType names the C++ writers record (`c10::toString`): PyTorch's analyzer
+# tests write "float32", the profiler's CUPTI writer "torch.float32"; every C++ writer writes "Float".
+_DTYPE_NAMES = {
+    "float32": "Float", "float": "Float", "float64": "Double", "double": "Double", "float16": "Half",
+    "half": "Half", "bfloat16": "BFloat16", "int8": "Char", "uint8": "Byte", "int16": "Short", "short": "Short",
+    "int32": "Int", "int": "Int", "int64": "Long", "long": "Long", "bool": "Bool", "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble", "complex32": "ComplexHalf", "float8_e4m3fn": "Float8_e4m3fn",
+    "float8_e5m2": "Float8_e5m2", "float8_e4m3fnuz": "Float8_e4m3fnuz", "float8_e5m2fnuz": "Float8_e5m2fnuz",
+    "uint16": "UInt16", "uint32": "UInt32", "uint64": "UInt64",
+}
+
+
+def canonical_dtypes(joined: str | None) -> str | None:
+    """'float32,torch.bfloat16' -> 'Float,BFloat16': a dtypes list (joined by ",") in the C++ writers' names."""
+    if not joined:
+        return joined
+    return ",".join(_DTYPE_NAMES.get(d.strip().removeprefix("torch."), d) for d in joined.split(","))
+
+
 _P2P_PEER = re.compile(r"(\d+)\s*(->|<-)\s*(\d+)")
+_ANY_SOURCE = re.compile(r"\d+\s*<-\s*\?")
 
 
 def normalize_op(profiling_name: str | None) -> tuple[str, int | None, str | None]:
@@ -59,6 +83,8 @@ def normalize_op(profiling_name: str | None) -> tuple[str, int | None, str | Non
         m = _P2P_PEER.search(rest)
         if m:
             peer = int(m.group(3))
+        elif op == "recv" and _ANY_SOURCE.search(rest):
+            peer = ANY_SOURCE
     return op, peer, backend
 
 
@@ -143,7 +169,9 @@ def _raw_table(entries: list[dict], problems: list[str]) -> pa.Table:
     """Entries -> one Arrow column per raw key. Arrow walks the dicts in C (one pass, ~4 us an entry); only
     when some value has the wrong type does it go key by key with coercion, noting what was nulled."""
     try:
-        return pa.Table.from_struct_array(pa.array(entries, type=RAW_STRUCT))
+        table = pa.Table.from_struct_array(pa.array(entries, type=RAW_STRUCT))
+        if not _text_as_characters(table):
+            return table
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
         pass
     coerce = {"int": _as_int, "float": _as_float, "bool": _as_bool, "str": _as_str, "strs": _as_str_list,
@@ -151,6 +179,8 @@ def _raw_table(entries: list[dict], problems: list[str]) -> pa.Table:
     columns = {}
     for name, (typ, kind) in RAW_FIELDS.items():
         values = [e.get(name) for e in entries]
+        if kind == "strs" and any(isinstance(v, str) for v in values):
+            values = [_as_str_list(v) for v in values]   # (not as characters: `_text_as_characters`)
         columns[name] = _column(name, values, typ, coerce[kind], problems)
     return pa.table(columns)
 
@@ -359,7 +389,7 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     raw = raw_derived(raw)
     names = raw["profiling_name"].combine_chunks()
     infos = [normalize_op(n) for n in names.dictionary.to_pylist()]
-    peers = [i[1] if i[1] is not None and 0 <= i[1] < _I32_MAX else None for i in infos]
+    peers = [i[1] if i[1] is not None and (0 <= i[1] < _I32_MAX or i[1] == ANY_SOURCE) else None for i in infos]
     peer = pc.take(pa.array(peers, type=_I32), names.indices) if infos else pa.nulls(len(names), _I32)
     # The op as a dictionary over the distinct names' ops (a row without a name, or a name of no op known:
     # "unknown"), its codes taken per row: no text made per row and hashed again to encode it.
@@ -369,10 +399,10 @@ def derive_entries(raw: pa.Table) -> pa.Table:
     codes = names.indices if names.indices.null_count == 0 else pc.fill_null(names.indices, len(infos))
     op_codes = pc.take(code_of_name, codes)
     op = pa.DictionaryArray.from_arrays(op_codes, pa.array(distinct_ops, type=_STR))
-    is_p2p = raw["is_p2p"]
-    if is_p2p.null_count:
-        by_op = pc.take(pa.array([o in ("send", "recv") for o in distinct_ops], type=_BOOL), op_codes)
-        is_p2p = pc.coalesce(is_p2p, by_op)
+    # A send or receive is point-to-point whatever the entry says: torchcomms writes is_p2p False for every
+    # entry, its sends and receives included (research: torchcomms' FlightRecorder.cpp)
+    by_op = pc.take(pa.array([o in P2P_OPS for o in distinct_ops], type=_BOOL), op_codes)
+    is_p2p = pc.or_(pc.fill_null(raw["is_p2p"], False), by_op)
     # before recorder 2.1 entries name no group, only the local pg id, which is then the pg_config key
     pg_name = raw[GROUP_FIELDS[0]].combine_chunks()
     if pg_name.null_count:
@@ -405,8 +435,8 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         "duration_ms": pc.cast(raw["duration_ms"], pa.float32()),
         "input_sizes": in_text,
         "output_sizes": out_text,
-        "input_dtypes": raw["input_dtypes"],
-        "output_dtypes": raw["output_dtypes"],
+        "input_dtypes": _canonical_dtype_column(raw["input_dtypes"]),
+        "output_dtypes": _canonical_dtype_column(raw["output_dtypes"]),
         "input_numel": in_numel,
         "output_numel": out_numel,
         "thread_id": raw["thread_id"],
@@ -420,6 +450,21 @@ def derive_entries(raw: pa.Table) -> pa.Table:
         if not pa.types.is_dictionary(table.schema.field(i).type):
             table = table.set_column(i, name, pc.dictionary_encode(table[name]))
     return table if table.schema == DERIVED_ENTRIES else table.cast(DERIVED_ENTRIES)
+
+
+def _canonical_dtype_column(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`canonical_dtypes` over a dictionary column's few distinct values (every C++ writer's are kept as they
+    are: the common case is no change, and no copy)."""
+    column = column.combine_chunks()
+    if not pa.types.is_dictionary(column.type):
+        return column
+    values = column.dictionary.to_pylist()
+    renamed = [canonical_dtypes(v) for v in values]
+    if renamed == values:
+        return column
+    distinct = list(dict.fromkeys(renamed))   # ("float32" and "Float" are one value now)
+    remap = pa.array([distinct.index(v) for v in renamed], type=column.indices.type)
+    return pa.DictionaryArray.from_arrays(pc.take(remap, column.indices), pa.array(distinct, type=_STR))
 
 
 _CATEGORICAL = ("pg_name", "pg_desc", "op", "profiling_name", "state", "input_sizes", "output_sizes",
@@ -453,7 +498,22 @@ def _list_get(lists: pa.ChunkedArray, i: int) -> pa.Array:
 def _as_str_list(v: Any) -> list[str] | None:
     if isinstance(v, (list, tuple)):
         return [x if isinstance(x, str) else str(x) for x in v]
+    if isinstance(v, str):
+        # one dtype written as a bare string (PyTorch's analyzer tests: "float32"; "" for none), not a list
+        return [v] if v else []
     return None
+
+
+def _text_as_characters(table: pa.Table) -> bool:
+    """Arrow reads a bare string where a list of strings is expected as the list of its characters ("float32"
+    -> f,l,o,a,t,3,2). The recorder writes one dtype per tensor, so a dtypes list longer or shorter than its
+    sizes list is such a string (or a file that needs the careful, value-by-value way anyway)."""
+    for dtypes, sizes in (("input_dtypes", "input_sizes"), ("output_dtypes", "output_sizes")):
+        both = pc.and_(pc.is_valid(table[dtypes]), pc.is_valid(table[sizes]))
+        differ = pc.not_equal(pc.list_value_length(table[dtypes]), pc.list_value_length(table[sizes]))
+        if pc.any(pc.and_(both, differ)).as_py():
+            return True
+    return False
 
 
 def _as_sizes(v: Any) -> list[list[int]] | None:

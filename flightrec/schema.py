@@ -8,8 +8,8 @@ from __future__ import annotations
 import polars as pl
 
 REPORT_VERSION = 1
-# bumped whenever reading a file gives another table (8: gzip and JSON dumps cut short are read)
-CACHE_FORMAT_VERSION = 8
+# bumped whenever reading a file gives another table (9: dtypes as text, new ops, any-source receives)
+CACHE_FORMAT_VERSION = 9
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
@@ -22,9 +22,18 @@ KNOWN_DUMP_VERSIONS = (
 OPS = (
     "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
     "barrier", "gather", "scatter", "send", "recv", "coalesced", "all_reduce_coalesced",
-    "all_gather_coalesced", "reduce_scatter_coalesced", "unknown",
+    "all_gather_coalesced", "reduce_scatter_coalesced",
+    # uneven all_gather / reduce_scatter as the hook and torchcomms writers name them: members' inputs (outputs)
+    # legitimately differ
+    "all_gather_v", "reduce_scatter_v",
+    # torchcomms' one tensor-less entry for a batch of sends and receives (`batch_op_issue`)
+    "p2p_batch",
+    "split", "new_window", "unknown",
 )
-P2P_OPS = ("send", "recv")
+# Point-to-point ops: never matched as collectives (torchcomms writes them with is_p2p False)
+P2P_OPS = ("send", "recv", "p2p_batch")
+# `peer_local` of a receive from any source (`recv 1<-?`, the c10d hook writer's spelling)
+ANY_SOURCE = -1
 # The NCCL watchdog stamps the "discovered" start and completion times when it next polls, every
 # kWatchdogThreadSleepMillis (FlightRecorder::retire_id / update_state): they are up to this late.
 WATCHDOG_POLL_MS = 100.0
@@ -41,7 +50,7 @@ Text = pl.Categorical()
 GroupId = pl.Categorical()
 
 # Backends whose recorder marks entries completed (CUDA/XPU events). Gloo's never does.
-COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl")
+COMPLETION_BACKENDS = ("nccl", "ncclx", "xccl", "rccl", "rcclx", "hccl", "mccl", "nccl2")
 
 
 def reports_completion(backend: pl.Expr) -> pl.Expr:
@@ -70,6 +79,7 @@ DUMPS = pl.Schema({
     "wrapped": pl.Boolean,       # holds part of the rank's history: older entries rolled out or left out (load)
     "only_active": pl.Boolean,   # the job's writer kept only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE)
     "problems": pl.List(pl.String),
+    "writer": pl.Enum(["pytorch", "c10d_hook", "torchcomms"]),   # who wrote it (`writers`)
 })
 
 ENTRIES = pl.Schema({
