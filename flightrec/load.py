@@ -20,7 +20,7 @@ import polars as pl
 import pyarrow as pa
 
 from . import cache as _cache
-from . import lookup, parse_pool
+from . import lookup, parse_pool, writers
 from .discover import DumpFile, discover
 from .errors import FlightrecError, NoDumpsError, require_count
 from .inferred_groups import inferred_groups, place_rolled_out_members, unseen_ranks
@@ -353,6 +353,7 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     """Raw per-file tables -> the typed, joined Trace. Vectorized; runs on cached tables too.
     Takes `raw["entries"]` out of `raw`: the frame is rebuilt (rechunked) here, and the reader's copy is freed
     as soon as that is done, not kept until the caller returns."""
+    writers.as_pytorch_writes_it(raw)
     dumps, entries, pg_config = raw["dumps"], raw.pop("entries"), raw["pg_config"]
     # Gloo writes one config with an empty name (`{'': {'name': '', 'ranks': '[0, 1, 2, 3]'}}`): it can't be
     # tied to a group, but its rank list still tells the world size.
@@ -442,6 +443,8 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
             .rechunk())   # the join hands back a chunk per thread: aligned with the rest, one chunk too
     entries = conform(entries.drop("group", "peer", strict=False).with_columns(keys["group"], keys["peer"]),
                       ENTRIES_WITH_GROUP)
+    if (dumps["writer"] == "torchcomms").any():
+        entries = writers.pair_peers_in_two_rank_groups(entries, members)
     if not _sorted_by_rank_and_record(entries):  # files are read in rank order, entries in record order: rare
         entries = entries.sort("rank", "record_id")
 
