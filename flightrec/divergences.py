@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .op_rules import known_op, shape_key, size_rule_ok
+from .op_rules import dtype_text, known_op, shape_text, size_rule_ok
 from .schema import DIVERGENCES, MISMATCH_STATUSES, conform
 
 
@@ -156,8 +156,8 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
     if peers.join(lost.select(pl.col("group").cast(peers.schema["group"])), on="group", how="anti").height == 0:
         return pl.DataFrame(schema=DIVERGENCES)
     found = []
-    for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
-                          ("size_mismatch", shape_key(as_text=True))):
+    for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", dtype_text()),
+                          ("size_mismatch", shape_text())):
         rows = short.select("group", "collective_seq_id", "op", pl.lit(status).alias("status"),
                             pl.lit("").alias("majority"), pl.lit("").alias("minority"),
                             pl.lit([], pl.List(pl.Int64)).alias("ranks"), pl.lit(True).alias("ambiguous"))
@@ -181,14 +181,32 @@ def _lone_against_peers(units: pl.DataFrame, colls: pl.DataFrame, bad: pl.DataFr
 
 
 def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFrame:
-    """Size mismatches where members agree on the input but some output breaks the op's own rule."""
+    """(group, seq, _bad, _bad_text): the members whose shapes break the op's own rule, where others keep it or
+    all agree on the input (empty where none does, or all do and their inputs differ)."""
     u = units.join(firsts.select("group", "collective_seq_id"), on=["group", "collective_seq_id"]).with_columns(
         size_rule_ok().alias("_ok"))
     return u.group_by("group", "collective_seq_id").agg(
         pl.col("rank").filter(~pl.col("_ok")).sort().alias("_bad"),
+        (pl.col("_ok").any() | (pl.col("input_sizes").n_unique() == 1)).alias("_telling"),
         pl.format("output {} for input {}", pl.col("output_sizes").cast(pl.String),
                   pl.col("input_sizes").cast(pl.String)).filter(~pl.col("_ok")).first().alias("_bad_text"),
-    )
+    ).with_columns(pl.when("_telling").then("_bad").otherwise(pl.lit([], pl.List(pl.Int64))).alias("_bad")
+                   ).drop("_telling")
+
+
+def _totals_apart(units: pl.DataFrame, rows: pl.DataFrame) -> pl.DataFrame:
+    """Size mismatches no member's shape shows (`rows` with no ranks): an all_to_all whose members, all there,
+    send more or fewer elements in all than they receive. Each member's splits are its own, so without the split
+    sizes (recorder 2.11, proposed) no member can be named: ambiguous, all members."""
+    apart = rows.filter(pl.col("ranks").is_null()).select("group", "collective_seq_id")
+    if apart.height == 0:
+        return pl.DataFrame(schema={"group": rows.schema["group"], "collective_seq_id": pl.Int64})
+    return (units.join(apart, on=["group", "collective_seq_id"])
+            .group_by("group", "collective_seq_id")
+            .agg(pl.col("rank").sort().alias("ranks"),
+                 pl.format("{} elements sent in all", pl.col("input_numel").sum()).alias("majority"),
+                 pl.format("{} received", pl.col("output_numel").sum()).alias("minority"),
+                 pl.lit(True).alias("ambiguous")))
 
 
 def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame,
@@ -206,19 +224,25 @@ def divergences(units: pl.DataFrame, colls: pl.DataFrame, prog: pl.DataFrame,
         .group_by("group").agg(pl.len().alias("later_mismatches"))
     )
     parts = []
-    for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", pl.col("input_dtypes")),
-                          ("size_mismatch", shape_key(as_text=True))):
+    for status, field in (("type_mismatch", known_op()), ("dtype_mismatch", dtype_text()),
+                          ("size_mismatch", shape_text())):
         sel = firsts.filter(pl.col("status") == status)
         if sel.height:
             m = _minority(units, sel, field)
             if status == "size_mismatch":
-                # one shape everywhere, yet the op's rule is broken on some ranks: those ranks are the culprits
+                # Where some members break the op's own rule (an all_gather's output not its input times the group)
+                # and others keep it, those are the culprits, whatever the majority: one shape everywhere, or two
+                # members, one of each. An all_to_all's totals that don't add up name no member (`_totals_apart`).
                 si = _self_inconsistent(units, sel)
-                m = m.join(si, on=["group", "collective_seq_id"], how="left").with_columns(
-                    pl.when(pl.col("minority") == "").then("_bad").otherwise("ranks").alias("ranks"),
-                    pl.when(pl.col("minority") == "").then("_bad_text").otherwise("minority").alias("minority"),
-                    pl.when(pl.col("minority") == "").then(pl.lit(False)).otherwise("ambiguous").alias("ambiguous"),
-                ).drop("_bad", "_bad_text")
+                m = (sel.select("group", "collective_seq_id").join(m, on=["group", "collective_seq_id"], how="left")
+                     .join(si, on=["group", "collective_seq_id"], how="left")
+                     .with_columns(pl.col("_bad").list.len().gt(0).fill_null(False).alias("_by_rule"))
+                     .with_columns(
+                         pl.when("_by_rule").then("_bad").otherwise("ranks").alias("ranks"),
+                         pl.when("_by_rule").then("_bad_text").otherwise("minority").alias("minority"),
+                         pl.when("_by_rule").then(pl.lit(False)).otherwise("ambiguous").alias("ambiguous"))
+                     .drop("_bad", "_bad_text", "_by_rule"))
+                m = pl.concat([m.filter(pl.col("ranks").is_not_null()), _totals_apart(units, m)], how="diagonal")
             m = _settled_by_peer_groups(m, units, groups, field)
             parts.append(sel.join(m, on=["group", "collective_seq_id"]))
     nj = firsts.filter(pl.col("status") == "not_joined")

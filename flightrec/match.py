@@ -14,8 +14,10 @@ import polars as pl
 from . import lookup
 from .divergences import divergences
 from .gpu_stalls import gpu_stalls
-from .op_rules import all_to_all_totals_ok, known_op, shape_key, size_rule_ok
+from .op_rules import all_to_all_totals_ok, dtype_keys, known_op, shape_keys, size_rule_ok
 from .schema import (
+    ANY_SOURCE,
+    Op,
     COLLECTIVES,
     P2P_OPS_SCHEMA,
     PROGRESS,
@@ -113,7 +115,12 @@ _ONE_ENTRY = [
 # carries the state; its members' shapes are summed so the batch is compared as one unit.
 _RUN_AGGS = [
     pl.col("n_entries").sum(),
-    pl.col("op").filter(pl.col("op") != "coalesced").first().fill_null(pl.col("op").first()),
+    # (the slow path's uneven all_gather / reduce_scatter: one _broadcast_oop / _reduce_oop per member, closed by
+    # ALLGATHER_coalesced / REDUCE_SCATTER_coalesced: the uneven form, whose members' inputs (outputs) differ)
+    pl.when((pl.len() > 1) & (pl.col("op").last() == "all_gather_coalesced")).then(pl.lit("all_gather_v", Op))
+    .when((pl.len() > 1) & (pl.col("op").last() == "reduce_scatter_coalesced")).then(pl.lit("reduce_scatter_v", Op))
+    .otherwise(pl.col("op").filter(pl.col("op") != "coalesced").first().fill_null(pl.col("op").first()))
+    .alias("op"),
     pl.col("input_sizes").first(), pl.col("output_sizes").first(),
     pl.col("input_dtypes").first(), pl.col("output_dtypes").first(),
     # (a batch's closer records no shapes: summed over the members that did, unknown only if none did)
@@ -164,12 +171,15 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl
         sig = (
             coll.join(multi.lazy().select("group", "collective_seq_id", "rank"),
                       on=["group", "collective_seq_id", "rank"])
+            # (the closer records no tensor: the members' shapes make the signature)
+            .filter((pl.col("input_sizes") != "[]") | (pl.col("output_sizes") != "[]"))
             .sort("record_id")
             .group_by("group", "collective_seq_id", "rank")
             .agg(
                 pl.col("input_sizes").cast(pl.String).str.join(";").alias("_in"),
                 pl.col("output_sizes").cast(pl.String).str.join(";").alias("_out"),
                 pl.col("input_dtypes").cast(pl.String).str.join(";").alias("_dt"),
+                pl.col("output_dtypes").cast(pl.String).str.join(";").alias("_odt"),
             )
         ).collect()
         units = units.join(sig, on=["group", "collective_seq_id", "rank"], how="left",
@@ -177,7 +187,8 @@ def collective_units(entries: pl.DataFrame, groups: pl.DataFrame, completion: pl
             pl.coalesce(pl.col("_in").cast(pl.Categorical), "input_sizes").alias("input_sizes"),
             pl.coalesce(pl.col("_out").cast(pl.Categorical), "output_sizes").alias("output_sizes"),
             pl.coalesce(pl.col("_dt").cast(pl.Categorical), "input_dtypes").alias("input_dtypes"),
-        ).drop("_in", "_out", "_dt")
+            pl.coalesce(pl.col("_odt").cast(pl.Categorical), "output_dtypes").alias("output_dtypes"),
+        ).drop("_in", "_out", "_dt", "_odt")
     sizes = groups.select(pl.col("group").to_physical().alias("_g"), "size")
     by_group = lookup.by_position(sizes, int(sizes["_g"].max() or 0) + 1)
     return units.with_columns(lookup.read(by_group, "size", pl.col("group").to_physical()))
@@ -484,7 +495,9 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
     inst = (
         units.lazy()
         .filter(pl.col("collective_seq_id") >= lookup.read(by_group, "_lo", gid))
-        .with_columns(shape_key().alias("_shape"), size_rule_ok().alias("_self_ok"),
+        .with_columns(*(key.alias(name) for key, name in zip((*shape_keys(), *dtype_keys()),
+                                                              ("_in", "_out", "_in_dt", "_out_dt"))),
+                      size_rule_ok().alias("_self_ok"),
                       lookup.read(by_group, "n_known", gid).alias("n_known"))
         .group_by("group", "collective_seq_id")
         .agg(
@@ -497,10 +510,11 @@ def classify(units: pl.DataFrame, prog: pl.DataFrame) -> pl.DataFrame:
             # a recorder without completion states (Gloo) still leaves unfinished work un-retired
             (~pl.col("tracks_completion") & ~pl.col("retired").fill_null(True)).sum().alias("n_unretired"),
             _all_equal(known_op()).alias("type_ok"),
-            _all_equal(pl.col("input_dtypes")).alias("dtype_ok"),
+            (_all_equal(pl.col("_in_dt")) & _all_equal(pl.col("_out_dt"))).alias("dtype_ok"),
             # (the op's own rule is broken when some members keep it and some don't: where none does, the
             # group's size we hold is what's wrong, e.g. a world size given or inferred too large)
-            (_all_equal(pl.col("_shape")) & (pl.col("_self_ok").all() | ~pl.col("_self_ok").any())
+            (_all_equal(pl.col("_in")) & _all_equal(pl.col("_out"))
+             & (pl.col("_self_ok").all() | ~pl.col("_self_ok").any())
              & all_to_all_totals_ok()).alias("size_ok"),
         )
         .collect()
@@ -570,30 +584,41 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
         own_pending = ((pl.col("state") == "started") | singles
                        | ((pl.col("p2p_seq_id") > pl.col("_done"))
                           & ~pl.col("group").is_in(collective_groups["group"].implode())).fill_null(False))
+    # (each rank's last record: read only where a rank's recorder reports no completion and records sends or
+    # receives, the c10d hook's and torchcomms' writers; Gloo records none)
+    untracked = (entries.lazy().filter(pl.col("is_p2p") & ~completion).select("rank").unique().collect())
+    last_record = (entries.lazy().filter(pl.col("rank").is_in(untracked["rank"].implode()))
+                   .group_by("rank").agg(pl.col("record_id").max().alias("_last")).collect())
     batch_state = pl.when(pl.col("_closer")).then(pl.col("state")).backward_fill()
     same_batch = pl.all_horizontal(pl.when(pl.col("_closer")).then(pl.col(c)).backward_fill() == pl.col(c)
                                    for c in ("rank", "group", "p2p_seq_id"))
     ops = (
         entries.lazy()
         .select("rank", "group", "p2p_seq_id", "record_id", "op", "peer", "state", "input_sizes", "output_sizes",
-                "is_p2p", "pg_id", closer.alias("_closer"))
+                "is_p2p", "pg_id", closer.alias("_closer"), (pl.col("peer_local") == ANY_SOURCE).alias("_any"))
         .filter(pl.col("is_p2p") | pl.col("_closer"))
         .with_columns(pl.when(same_batch).then(batch_state).alias("_batch_state"))
-        .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"]) & pl.col("peer").is_not_null())
+        .filter(pl.col("is_p2p") & pl.col("op").is_in(["send", "recv"])
+                & (pl.col("peer").is_not_null() | ((pl.col("op") == "recv") & pl.col("_any").fill_null(False))))
         .pipe(lambda ops: ops.join(done.lazy(), on=["rank", "pg_id"], how="left", maintain_order="left")
               if only_active else ops)
         .with_columns(completion.alias("_tracks"))
+        .join(last_record.lazy(), on="rank", how="left", maintain_order="left")
         # (a dump cut short lost its newest entries, the closers that say a batch finished among them: its
         # unfinished-looking ops say nothing, as its last collectives don't (`progress`: has_dump))
-        .with_columns((pl.col("_tracks") & pl.when(pl.col("_batch_state").is_not_null())
-                       .then(pl.col("_batch_state") != "completed").otherwise(own_pending)
+        # Where the recorder reports no completion (a writer that retires an op when it is issued), a send or
+        # receive that is its rank's last entry is where the rank stopped: it is taken as unfinished.
+        .with_columns((pl.when(pl.col("_tracks")).then(pl.when(pl.col("_batch_state").is_not_null())
+                                                      .then(pl.col("_batch_state") != "completed")
+                                                      .otherwise(own_pending))
+                       .otherwise(pl.col("record_id") == pl.col("_last")).fill_null(False)
                        & ~pl.col("rank").is_in(cut_short(dumps).implode())).alias("pending"),
                       (pl.coalesce("_batch_state", "state") == "started").alias("started"))
         .with_columns(
             pl.when(pl.col("op") == "send").then("rank").otherwise("peer").alias("src"),
             pl.when(pl.col("op") == "send").then("peer").otherwise("rank").alias("dst"),
         )
-        .drop("is_p2p", "_closer", "pg_id", *(["_done", "_enqueued"] if only_active else []))
+        .drop("is_p2p", "_closer", "pg_id", "_last", *(["_done", "_enqueued"] if only_active else []))
     )
     # Pair over the whole window only where both ends kept their whole history.
     any_wrapped = dumps["wrapped"].any()
@@ -609,7 +634,8 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
         "group", "src", "dst", "ordinal", pl.col("rank").alias("recv_rank"),
         pl.col("pending").alias("recv_pending"), pl.col("output_sizes").alias("recv_sizes"),
         pl.col("record_id").alias("recv_record"), pl.col("started").alias("recv_started"))
-    pairs = sends.join(recvs, on=["group", "src", "dst", "ordinal"], how="full", coalesce=True)
+    pairs = _pair_any_source(sends.join(recvs.filter(pl.col("src").is_not_null()), on=["group", "src", "dst", "ordinal"],
+                                        how="full", coalesce=True), recvs.filter(pl.col("src").is_null()))
     pairs = pairs.with_columns(
         pl.when(pl.col("recv_rank").is_null()).then(pl.lit("unmatched_send"))
         .when(pl.col("send_rank").is_null()).then(pl.lit("unmatched_recv"))
@@ -619,6 +645,21 @@ def p2p_pairs(entries: pl.DataFrame, dumps: pl.DataFrame, completion: pl.Expr,
         .otherwise(pl.lit("matched")).alias("status"),
     )
     return conform(pairs, P2P_OPS_SCHEMA).sort("group", "src", "dst", "ordinal")
+
+
+def _pair_any_source(pairs: pl.DataFrame, any_source: pl.DataFrame) -> pl.DataFrame:
+    """Receives from any source (`recv 1<-?`: the c10d hook writer's, on backends that have them) paired, in
+    order, with the sends to their rank that no receive from a named source took; their `src` is then the
+    sender's. One left unpaired has no `src`: it waits on whichever member sends."""
+    if any_source.height == 0:
+        return pairs
+    spare = pairs.filter(pl.col("recv_rank").is_null())
+    spare = spare.with_columns(pl.int_range(pl.len()).over("group", "dst", order_by=["ordinal", "src"]).alias("_k"))
+    takers = any_source.drop("src").with_columns(pl.int_range(pl.len()).over("group", "dst", order_by="ordinal")
+                                                 .alias("_k")).drop("ordinal")
+    joined = (spare.drop([c for c in takers.columns if c not in ("group", "dst", "_k")])
+              .join(takers, on=["group", "dst", "_k"], how="full", coalesce=True).drop("_k"))
+    return pl.concat([pairs.filter(pl.col("recv_rank").is_not_null()), joined], how="diagonal_relaxed")
 
 
 # ---------------------------------------------------------------------------------------------- entry point

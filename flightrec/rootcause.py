@@ -118,7 +118,11 @@ def _mismatch_findings(ctx: _Context) -> list[Finding]:
         word = _FIELD_WORDS[status]
         present = ctx.m.units.filter((pl.col("group") == row["group"]) & (pl.col("collective_seq_id") == seq))
         ranks = row["ranks"]
-        if row["ambiguous"]:
+        if row["ambiguous"] and op == "all_to_all" and status == "size_mismatch":
+            ranks = sorted(present["rank"].to_list())
+            msg = (f"members of {g.label()} disagree at {op} #{seq}: {row['majority']}, {row['minority']} "
+                   f"({ctx.ranks_label(ranks)}); the dumps hold no split sizes to say which member is wrong")
+        elif row["ambiguous"]:
             ranks = sorted(present["rank"].to_list())
             msg = (f"members of {g.label()} disagree at {op} #{seq}: {row['majority']} vs {row['minority']} "
                    f"({ctx.ranks_label(ranks)}); with {len(ranks)} members it can't be said which side is wrong")
@@ -173,6 +177,7 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
             wrong = [(row, b) for row, b in wrong if not _receives_from(ctx, row["dst"], row["src"])]
         if len(wrong) == 1:
             out.append(_wrong_peer_finding(ctx, *wrong[0]))
+    out += _any_source_findings(ctx)
     for row in p2p.filter(pl.col("status") == "size_mismatch").iter_rows(named=True):
         a, b = row["send_rank"], row["recv_rank"]
         g = ctx.groups.get(row["group"])
@@ -182,6 +187,30 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
                                 f"(transfer {row['ordinal']} in {g.label() if g else row['group']})"),
             evidence={"send_shape": str(row["send_sizes"]), "recv_shape": str(row["recv_sizes"])},
         ))
+    return out
+
+
+def _any_source_findings(ctx: _Context) -> list[Finding]:
+    """A rank blocked in a receive from any source (`recv 1<-?`, the c10d hook writer's, on backends that have
+    it) that no send to it matched: stuck, whoever was to send. Named, with the members that could have sent."""
+    stuck = ctx.m.p2p.filter((pl.col("status") == "unmatched_recv") & pl.col("recv_pending") & pl.col("src").is_null())
+    out = []
+    for group, ranks in stuck.group_by("group").agg(pl.col("recv_rank").unique().sort()).sort("group").iter_rows():
+        g = ctx.groups.get(group)
+        members = ctx.m.progress.filter(pl.col("group") == group)["rank"].to_list()
+        senders = sorted(set(members) - set(ranks))
+        lost = sorted(set(senders) & set(ctx.trace.missing_ranks))
+        where = g.label() if g else f"group {group}"
+        one = len(ranks) == 1
+        msg = (f"{ctx.ranks_label(ranks)} {'is' if one else 'are'} stuck in a receive from any source in {where}: "
+               f"none of the ranks that could have sent ({format_ranks(senders) or 'none'}) sent to "
+               f"{'it' if one else 'them'}" + (f"; {format_ranks(lost)} left no dump" if lost else ""))
+        out.append(Finding(
+            kind="p2p_unmatched", role="root_cause", message=msg, ranks=ranks, hosts=ctx.topo.hosts(ranks),
+            process_group=g, op="recv",
+            evidence={"any_source": True, "could_have_sent": senders, **({"left_no_dump": lost} if lost else {}),
+                      "waiting_ranks": len(ctx.w.waiters_of(ranks))},
+            stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))]))
     return out
 
 
@@ -922,7 +951,7 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
     per = (edges.join(descs, on="group", how="left")
            .group_by("pg_desc").agg(pl.col("rank").unique().sort(), pl.col("group").n_unique().alias("n_groups"),
                                     pl.col("kind").mode().first())
-           .sort(pl.col("rank").list.len(), descending=True))
+           .sort(pl.col("rank").list.len(), "pg_desc", descending=[True, False]))   # (ties in a stable order)
     out = []
     for desc, ranks, n_groups, kind in per.iter_rows():
         label = f"desc '{desc}'" if desc else "unnamed groups"

@@ -32,6 +32,10 @@ WAIT_EDGES = pl.Schema({
 })
 
 
+# The node a receive from any source waits on ("any:<group>:<rank>")
+ANY_SOURCE_NODE = "any:"
+
+
 def rank_node(rank: int) -> str:
     return f"r:{rank}"
 
@@ -221,8 +225,12 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
     )
 
     p2p = m.p2p
+    # (a receive from any source no send took waits on whichever member sends: a node of its own, no rank, so
+    # the receiver is waiting and not a root, and no member is named for it here: `rootcause` names it)
     recv_waits = p2p.filter((pl.col("status") == "unmatched_recv") & pl.col("recv_pending")).select(
-        pl.format("r:{}", "recv_rank").alias("src"), pl.format("r:{}", "src").alias("dst"),
+        pl.format("r:{}", "recv_rank").alias("src"),
+        pl.coalesce(pl.format("r:{}", "src"), pl.format("{}{}:{}", pl.lit(ANY_SOURCE_NODE), "group", "recv_rank"))
+        .alias("dst"),
         pl.lit("p2p").alias("kind"), "group", pl.col("ordinal").alias("seq"))
     send_waits = p2p.filter((pl.col("status") == "unmatched_send") & pl.col("send_pending")).select(
         pl.format("r:{}", "send_rank").alias("src"), pl.format("r:{}", "dst").alias("dst"),
