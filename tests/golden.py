@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -14,7 +15,12 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def cases() -> list[str]:
-    return sorted(p.name for p in FIXTURES.iterdir() if p.is_dir() and any(p.rglob("nccl_trace_rank_*")))
+    """Every fixture folder of one job: those with an expected answer (the recorded Gloo cases, NVIDIA's sets,
+    PyTorch's test cases), and the top-level ones holding dumps without one (the JSON twins, writer_sharing)."""
+    found = {p.parent for p in FIXTURES.rglob("expected.json")}
+    found |= {p for p in FIXTURES.iterdir()
+              if p.is_dir() and any(f.is_file() and re.search(r"\d+$", f.name) for f in p.iterdir())}
+    return sorted(str(p.relative_to(FIXTURES)) for p in found)
 
 
 def render(case: str) -> dict[str, str]:

@@ -601,8 +601,9 @@ def test_op_and_state_become_enums_straight_from_their_codes_as_the_cast_made_th
 
 def test_op_and_p2p_flag_from_the_profiling_name_where_the_dump_lacks_them(tmp_path):
     """An entry's op comes from its profiling name ("unknown" with none, or none known), and `is_p2p`, where the
-    recorder wrote none, from that op; a flag the recorder wrote stands. Names of several backends for one op
-    share its one value; old and new seq and time fields mix within a file."""
+    recorder wrote none, from that op; a send or receive is point-to-point whatever the flag says (torchcomms
+    writes False on every entry, its sends and receives included). Names of several backends for one op share
+    its one value; old and new seq and time fields mix within a file."""
     entries = [_old_entry(0, 1, profiling_name="nccl:send 0->1", is_p2p=None),
                _old_entry(0, 2, profiling_name="gloo:send", is_p2p=None, time_created_ns=5_000),
                _old_entry(0, 3, profiling_name=None, is_p2p=None, time_created_us=7),
@@ -611,6 +612,6 @@ def test_op_and_p2p_flag_from_the_profiling_name_where_the_dump_lacks_them(tmp_p
     (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"version": "2.4", "entries": entries}, protocol=2))
     e = load(tmp_path, LoadOptions(use_cache=False)).entries.sort("record_id", "collective_seq_id")
     assert e["op"].to_list() == ["send", "send", "unknown", "recv", "unknown"]
-    assert e["is_p2p"].to_list() == [True, True, False, False, False]
+    assert e["is_p2p"].to_list() == [True, True, False, True, False]
     assert e["collective_seq_id"].to_list() == [1, 2, 3, 4, 9]
     assert e["time_created_ns"].to_list() == [None, 5_000, 7_000, None, None]
