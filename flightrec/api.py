@@ -12,7 +12,8 @@ import polars as pl
 
 from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
-from .locate import Location, locate
+from .dump_times import TRIGGERS, Waited, dump_moments, waited
+from .locate import Location, locate, unit_pending
 from .match import Matching, match, written_only_active
 from .parse_pool import paused_gc
 from .report import DumpSummary, Finding, Report
@@ -34,6 +35,9 @@ class AnalyzeOptions:
         ranks_per_host: when nothing names hosts, ranks r..r+N-1 share host `host<k>`.
         pg: only consider process groups whose name or desc is this.
         timing: straggler and slow-link thresholds.
+        trigger: what wrote the dumps, where the user knows: "timeout" (the watchdog, after a collective timed
+            out: ops in flight on every member are a hang), "on-demand" (a snapshot of a running job), or "auto"
+            (default: read from the times in the dumps, `dump_times`).
         stage: called with a short message as each stage starts (progress display).
     """
 
@@ -43,10 +47,13 @@ class AnalyzeOptions:
     ranks_per_host: int | None = None
     pg: str | None = None
     timing: TimingOptions = field(default_factory=TimingOptions)
+    trigger: str = "auto"
     stage: Callable[[str], None] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         require_count("ranks_per_host", self.ranks_per_host)
+        if self.trigger not in TRIGGERS:
+            raise FlightrecError(f"trigger must be one of {', '.join(TRIGGERS)}, not {self.trigger!r}")
 
 
 def run_match(trace: Trace, pg: str | None = None) -> Matching:
@@ -70,8 +77,20 @@ class Diagnosis(NamedTuple):
     timing_findings: list[Finding]   # stragglers and slow links (`timing.findings`)
 
 
+def how_long_waited(trace: Trace, m: Matching, trigger: str = "auto") -> Waited:
+    """How long the collectives in flight had waited when the dumps were written (`dump_times`)."""
+    ends = pl.concat([m.p2p.filter(pl.col(f"{end}_pending")).select(pl.col(f"{end}_rank").alias("rank"),
+                                                                     pl.col(f"{end}_record").alias("record_id"))
+                      for end in ("send", "recv")]).drop_nulls()
+    sends_and_receives = (trace.entries.lazy().select("rank", "record_id", "time_created_ns", "timeout_ms")
+                          .join(ends.lazy(), on=["rank", "record_id"], how="semi").drop("record_id").collect())
+    pending = pl.concat([m.units.filter(unit_pending()).select("rank", "time_created_ns", "timeout_ms"),
+                         sends_and_receives])
+    return waited(pending, dump_moments(trace.dumps, trace.entries), trigger)
+
+
 def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
-                     timing_options: TimingOptions | None = None) -> Diagnosis:
+                     timing_options: TimingOptions | None = None, trigger: str = "auto") -> Diagnosis:
     """Who waits for whom (`build_waits`, then `locate`), the timing analysis, and the diagnosis. Timing needs
     only the matching: it runs on a second thread from the start, and the diagnosis waits for it only where a
     finding needs it. The wait analysis and the diagnosis keep about one of two cores busy (much of them is
@@ -90,7 +109,8 @@ def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
         job = pool.submit(read_timestamps)
         w = build_waits(m, trace.entries, trace.groups, trace.missing_ranks)
         loc = locate(m, topo, exclude=set(w.waiting) | set(m.gpu_stalls["rank"].to_list()))
-        verdict, summary, findings = diagnose(trace, m, w, loc, topo, lambda: job.result()[0], timing_options)
+        verdict, summary, findings = diagnose(trace, m, w, loc, topo, lambda: job.result()[0], timing_options,
+                                              how_long_waited(trace, m, trigger))
         timing, timing_findings = job.result()
     return Diagnosis(w, loc, timing, verdict, summary, findings, timing_findings)
 
@@ -136,7 +156,8 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
         stage("matching collectives")
         m = run_match(trace, options.pg)
         stage("following waits and reading timestamps")
-        w, _, timing, verdict, summary, findings, timing_findings = diagnose_matched(trace, m, topo, options.timing)
+        w, _, timing, verdict, summary, findings, timing_findings = diagnose_matched(trace, m, topo, options.timing,
+                                                                                     options.trigger)
     # (the caveats that hold whatever else is found come after what was found)
     caveats = [f for f in findings if f.kind == "world_size_unknown"]
     findings = [f for f in findings if f.kind != "world_size_unknown"] + timing_findings + caveats

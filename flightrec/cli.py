@@ -191,9 +191,12 @@ def main():
 @ranks_per_host_option
 @click.option("--pg", help="Only analyse the process groups with this name or desc (the report says so: a rank "
               "can be waiting in a group left out).")
+@click.option("--trigger", type=click.Choice(["auto", "timeout", "on-demand"]), default="auto", show_default=True,
+              help="What wrote the dumps: 'timeout' (the watchdog, after a collective timed out: collectives in flight "
+              "everywhere are a hang), 'on-demand' (a snapshot of a running job), 'auto' (read from their times).")
 @_guard
 def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
-                ranks_per_host, pg):
+                ranks_per_host, pg, trigger):
     """Name the root cause of a hang or crash: rank(s), host(s) or link.
 
     \b
@@ -205,7 +208,7 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
     with _progress(quiet) as progress:
         report = analyze(dump_dir, AnalyzeOptions(
             load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
-            topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg))
+            topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger))
     if fmt == "json":
         text = json.dumps(report.to_dict(), indent=2) + "\n"
     elif fmt == "markdown":

@@ -214,6 +214,8 @@ def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Da
         "backend": [m["backend"] for m in metas],
         "comm_lib_version": [m["comm_lib_version"] for m in metas],
         "entry_count": [m["entry_count"] for m in metas],
+        # (when the file was written, where it was not copied since without its times: `dump_times`)
+        "mtime_ns": [by_rank[m["rank"]].mtime_ns for m in metas],
         "problems": _list_column("problems", [[_printable(p) for p in m["problems"]] for m in metas],
                                  pa.large_string()),
         "loaded": [m["loaded"] for m in metas],

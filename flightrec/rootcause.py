@@ -14,6 +14,7 @@ import polars as pl
 
 from . import cycles
 from .load import Trace, format_ranks
+from .dump_times import Waited
 from .locate import Location
 from .match import Matching, written_only_active
 from .report import Finding, ProcessGroupRef
@@ -920,6 +921,34 @@ def _stuck_findings(ctx: _Context, loc: Location | None, explained: set[int]) ->
     return [Finding(kind="stuck_in_flight", role="symptom", message=msg, ranks=loc.stuck_ranks, evidence=evidence)]
 
 
+def _in_flight_at_dump(ctx: _Context, loc: Location, waited: Waited) -> Finding:
+    """Collectives in flight on every member, where `waited` does not read "hung": a running job's snapshot, or
+    (where the dumps can't say for how long) a hang below them the dumps can't tell from one."""
+    n = len(loc.stuck_groups)
+    labels = ", ".join(_stuck_label(ctx, g) for g in loc.stuck_groups[:3]) + (", ..." if n > 3 else "")
+    what = f"{n} collective{'s' if n != 1 else ''} ({labels}) {'was' if n == 1 else 'were'}"
+    if waited.reading == "running":
+        msg = (f"the job was running when dumped: {what} in flight on every member, {waited.describe()}, and "
+               "nothing else is wrong")
+    else:
+        msg = (f"{what} in flight on every member when the dumps were written, and no time in them says for how "
+               "long: a running job's snapshot, or a hang below the collectives (GPU, NIC or link); if the job "
+               "hung, analyze again with --trigger timeout")
+    return Finding(kind="in_flight_at_dump", role="warning", message=msg, ranks=loc.stuck_ranks,
+                   evidence={"stuck_groups": loc.stuck_groups[:50], "waited": waited.reading,
+                             "longest_wait_ms": None if waited.longest_ms is None else round(waited.longest_ms, 1)})
+
+
+def _behind_while_running(f: Finding, waited: Waited) -> Finding:
+    """A not_joined root in a job that was running when dumped (`waited` reads "running"): its peers had waited
+    less than their timeout for it. A warning: it may have joined a moment later."""
+    _, _, rest = f.message.partition(" never joined ")
+    msg = (f"{f.message.split(' never joined ')[0]} had not yet joined {rest.split(';')[0]} when the dumps were "
+           f"written, and the job was running ({waited.describe()}): not a hang")
+    return replace(f, kind="behind_at_dump", role="warning", message=msg,
+                   evidence={**f.evidence, "longest_wait_ms": waited.longest_ms})
+
+
 def _switch_findings(ctx: _Context, roots: list[Finding]) -> list[Finding]:
     """With a topology file: when every host under one leaf switch is implicated, the switch is the suspect."""
     if not ctx.topo.switch_of:
@@ -1076,12 +1105,17 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
 
 def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: Topology,
              timing: TimingResult | Callable[[], TimingResult] | None = None,
-             timing_options: TimingOptions | None = None) -> tuple[str, str, list[Finding]]:
+             timing_options: TimingOptions | None = None,
+             waited: Waited | None = None) -> tuple[str, str, list[Finding]]:
     """Return (verdict, one-line summary, findings ordered root causes, symptoms, warnings).
     With `timing`, a member that joined a stuck collective past its timeout is named as its cause, and the
     hosts' clock offsets are taken out where enqueue times are compared. `timing` may be a function that
     returns it (a future's `result`): it is called only where it is needed, after the findings that don't
-    need it, so the timing analysis can still be running on another thread until then (`api.analyze`)."""
+    need it, so the timing analysis can still be running on another thread until then (`api.analyze`).
+    `waited` (`dump_times.waited`): how long the ops in flight had waited when the dumps were written. Where it
+    does not read "hung", collectives in flight on every member are no hang these dumps can show, and where it
+    reads "running", a rank behind its peers is no fault: a running job's snapshot shows both."""
+    waited = waited or Waited("hung", None, None, "timeout")
     ctx = _Context(trace, m, w, topo, timing if callable(timing) else lambda: timing)
     roots: list[Finding] = []
     roots += _mismatch_findings(ctx)
@@ -1108,12 +1142,23 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     roots = _with_gpu_stalls(ctx, roots)
     explained |= stalled | set(w.waiters_of(sorted(stalled)))
     stuck_findings = _stuck_findings(ctx, loc, explained)
+    live: list[Finding] = []
+    if stuck_findings and waited.reading != "hung":
+        # (in flight on every member, and nothing says for how long: a snapshot of a running job reads the same)
+        live.append(_in_flight_at_dump(ctx, loc, waited))
+        stuck_findings = []
+    if waited.reading == "running":
+        # (a rank behind in a job that was running when dumped: its peers had waited less than their timeout)
+        live += [_behind_while_running(f, waited) for f in roots if f.kind == "not_joined"]
+        roots = [f for f in roots if f.kind != "not_joined"]
 
     findings = [f for f in roots if f.role == "root_cause"] + [f for f in stuck_findings if f.role == "root_cause"]
     findings += _switch_findings(ctx, findings)
     culprits = {r for f in findings for r in f.ranks}
     # ranks stuck in a mismatched collective are counted in the mismatch's evidence, not again as symptoms
-    symptoms = [f for f in stuck_findings if f.role == "symptom"] + _symptom_findings(ctx, culprits | explained)
+    waiting = ([] if live and not findings and waited.reading == "running"
+               else _symptom_findings(ctx, culprits | explained))
+    symptoms = [f for f in stuck_findings if f.role == "symptom"] + waiting
     if ctx.held_in_transfers:
         symptoms.insert(len(symptoms) if ctx.held_beside_cause else 0, _held_in_transfers_finding(ctx))
     reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
@@ -1126,7 +1171,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     from_stuck = any(f.kind == "stuck_in_flight" and f.role == "root_cause" for f in findings)
     world_unknown = (None if named and not from_stuck and trace.world_size_from == "seen"
                      else _world_size_finding(trace))
-    findings += symptoms + warnings + [f for f in (no_entries, world_unknown) if f]
+    findings += symptoms + live + warnings + [f for f in (no_entries, world_unknown) if f]
 
     unrecorded_groups = [] if symptoms or named else _unrecorded_groups(trace, m)
     if unrecorded_groups:
@@ -1143,6 +1188,9 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
         summary = "FAULT: " + findings[0].message
         if len([f for f in findings if f.role == "root_cause"]) > 1:
             summary += f" (+{len([f for f in findings if f.role == 'root_cause']) - 1} more root cause(s))"
+    elif live and not symptoms and not trace.missing_ranks:
+        verdict = "healthy"
+        summary = "HEALTHY: " + live[0].message
     elif symptoms or trace.missing_ranks or (no_entries and not no_entries.evidence["idle"]):
         verdict = "inconclusive"
         first = symptoms[0] if symptoms else warnings[0] if warnings else no_entries

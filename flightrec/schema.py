@@ -8,8 +8,8 @@ from __future__ import annotations
 import polars as pl
 
 REPORT_VERSION = 1
-# bumped whenever reading a file gives another table (9: dtypes as text, new ops, any-source receives)
-CACHE_FORMAT_VERSION = 9
+# bumped whenever reading a file gives another table (10: dtypes as text, new ops, any-source receives, mtimes)
+CACHE_FORMAT_VERSION = 10
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
@@ -80,6 +80,7 @@ DUMPS = pl.Schema({
     "only_active": pl.Boolean,   # the job's writer kept only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE)
     "problems": pl.List(pl.String),
     "writer": pl.Enum(["pytorch", "c10d_hook", "torchcomms"]),   # who wrote it (`writers`)
+    "mtime_ns": pl.Int64,        # the file's modification time (`dump_times`: when it was written, if kept)
 })
 
 ENTRIES = pl.Schema({
