@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
 import random
 import sys
@@ -22,11 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .schema import WATCHDOG_POLL_MS
 from .synth_stacks import STACKS as _STACKS
 
 # Bump when the bytes generated for a job change: the benchmarks cache generated jobs under this version.
-DUMP_LAYOUT = 5
+DUMP_LAYOUT = 6
 
 FAULT_KINDS = (
     "none", "not_joined", "missing_dump", "host_down", "size_mismatch", "type_mismatch", "dtype_mismatch",
@@ -389,7 +389,11 @@ class _Sim:
 
 
 _T0 = 1_700_000_000_000_000_000
-_WATCHDOG_NS = int(WATCHDOG_POLL_MS * 1e6)
+# PyTorch's watchdog polls every kWatchdogThreadSleepMillis (100 ms in ProcessGroupNCCL): the writer's own
+# constant, stated here, not the analyser's (the generator models the writer, not our reading of it).
+_WATCHDOG_NS = 100_000_000
+_TIMEOUT_MS = 600_000   # the default process-group timeout every synthetic entry records
+_DUMP_AFTER_END_NS = 1_000_000_000   # a job that ran to its end dumps a moment after (`finally`)
 _OP_NS = 3_000_000
 _SIMULATE_ALL_BELOW = 2_000             # world_size x steps: small jobs are simulated whole
 _TIMING_FAULTS = ("straggler", "straggler_host", "slow_link", "clock_offset")
@@ -419,8 +423,10 @@ def _prefix_records(job: Job, template: list[_Op], first: int, stop: int, last: 
 
 
 def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[str, _Group]],
-             template: list[_Op] | None = None, sim_from: int = 0, last: dict[tuple, int] | None = None) -> list[dict]:
-    """The recorder's entries for one rank, oldest first, as far back as the ring buffer keeps them.
+             template: list[_Op] | None = None, sim_from: int = 0, last: dict[tuple, int] | None = None,
+             dump_ns: int | None = None) -> list[dict]:
+    """The recorder's entries for one rank, oldest first, as far back as the ring buffer keeps them. An op in
+    flight that began on the GPU (timing on) is found started by the dump itself, at `dump_ns` (`dump_moment`).
 
     `records` are the simulated ops from step `sim_from` on; earlier steps come from `template`, and only as
     many of them as the buffer can still hold, with every counter advanced past the steps left out.
@@ -465,7 +471,7 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
                 "profiling_name": f"nccl:{piece.name}",
                 "input_sizes": piece.in_sizes, "input_dtypes": [piece.dtype] * len(piece.in_sizes),
                 "output_sizes": piece.out_sizes, "output_dtypes": [piece.dtype] * len(piece.out_sizes),
-                "timeout_ms": 600_000, "is_p2p": is_p2p,
+                "timeout_ms": _TIMEOUT_MS, "is_p2p": is_p2p,
             }
             if job.with_stacks:
                 e["frames"] = frames[piece.stack]
@@ -502,7 +508,8 @@ def _entries(job: Job, rank: int, records: list[dict], by_rank: dict[int, dict[s
                 "op_id": op_ids[g.name],
                 "time_created_ns": rec["created"] + offset,
                 "state": state,
-                "time_discovered_started_ns": discovered(rec.get("started", rec["created"]), g)
+                "time_discovered_started_ns": (discovered(rec.get("started", rec["created"]), g) if done
+                                               else (dump_ns if dump_ns is not None else rec["created"]) + offset)
                 if job.timing and closer_or_coll else None,
                 "time_discovered_completed_ns": discovered(rec["done"], g) if done and closer_or_coll else None,
                 "retired": done and closer_or_coll,
@@ -670,8 +677,18 @@ def generate_slices(job: Job, out_dir: str | Path, ranks_per_slice: int, **kwarg
     writer.finish(out)
 
 
+def dump_moment(records: dict[int, list[dict]]) -> int:
+    """When the job's dumps are written: once its first op left unfinished has waited the timeout (the watchdog
+    fires, and every rank dumps), or, with none, a moment after the last op finished (a dump at the end)."""
+    pending = [rec["created"] for recs in records.values() for rec in recs if rec["done"] is None]
+    if pending:
+        return min(pending) + _TIMEOUT_MS * 1_000_000 + _WATCHDOG_NS
+    ends = [rec["done"] for recs in records.values() for rec in recs]
+    return max(ends, default=_T0) + _DUMP_AFTER_END_NS
+
+
 class _Writer:
-    """Simulates the job once, then writes any ranks' dumps on request."""
+    """Simulates the job once, then writes any ranks' dumps on request, each file's time the dump's."""
 
     def __init__(self, job: Job, *, fmt: str = "pickle", per_host_folders: bool = False,
                  prefix: str = "nccl_trace_rank_", compress: bool = False):
@@ -679,6 +696,7 @@ class _Writer:
         self.prefix, self.compress = prefix, compress
         self.sim = _Sim(job)
         self.records = self.sim.run()
+        self.dump_ns = dump_moment(self.records)
 
     def write(self, ranks: range, out: Path) -> None:
         job, sim = self.job, self.sim
@@ -687,7 +705,7 @@ class _Writer:
             if rank in sim.missing:
                 continue
             entries = _entries(job, rank, self.records[rank], sim.by_rank, sim.template_of(rank), sim.sim_from,
-                               sim.template_last)
+                               sim.template_last, self.dump_ns)
             dump = build_dump(job, rank, entries, sim.by_rank)
             folder = out / job.host_of(rank) if self.per_host_folders else out
             folder.mkdir(parents=True, exist_ok=True)
@@ -697,7 +715,12 @@ class _Writer:
                 data = pickle.dumps(dump | {"entries": [_writer_layout(e) for e in dump["entries"]]}, protocol=2)
             if self.compress:
                 data = gzip.compress(data, compresslevel=1)
-            (folder / f"{self.prefix}{rank}").write_bytes(data)
+            path = folder / f"{self.prefix}{rank}"
+            path.write_bytes(data)
+            # (the file's time is the dump's, on its host's clock, as a dump read where it was written has it)
+            skew = int(job.fault.offset_ms * 1e6) if (job.fault.kind == "clock_offset"
+                                                      and job.host_of(rank) in job.fault.hosts) else 0
+            os.utime(path, ns=(self.dump_ns + skew, self.dump_ns + skew))
 
     def finish(self, out: Path) -> dict:
         job, sim = self.job, self.sim

@@ -15,9 +15,9 @@ from flightrec.topology import Topology
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
 
 
-def run(make_job, job, hosts_csv=False, **gen):
+def run(make_job, job, hosts_csv=False, trigger="auto", **gen):
     out, truth = make_job(job, **gen)
-    kwargs = {}
+    kwargs = {"trigger": trigger}
     if hosts_csv:
         path = out.parent / f"{out.name}_hosts.csv"
         path.write_text("rank,host\n" + "".join(f"{r},{job.host_of(r)}\n" for r in range(job.world_size)))
@@ -508,7 +508,8 @@ def test_a_dead_link_whose_ends_both_completed_elsewhere_names_no_bystander_host
     job = synth.Job(tp=1, pp=2, dp=8, steps=6, ranks_per_host=2, microbatches=4, timing=False, seed=250180,
                     buffer_size=200, fault=synth.Fault(kind="dead_link", rank=9, step=2, phase="dp",
                                                        hosts=("node00004", "node00001")))
-    report, _ = run(make_job, job, per_host_folders=True)
+    # (NCCL timing off: no stamp says how long the collectives had waited; the user says the watchdog dumped)
+    report, _ = run(make_job, job, per_host_folders=True, trigger="timeout")
     assert report.verdict == "inconclusive" and not report.root_causes, report.summary
 
 
@@ -914,7 +915,8 @@ def test_a_cut_dumps_pg_status_says_it_joined_the_stuck_collective(make_job, lay
     _damage(out, *keep)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")   # (the cut file's)
-        report = analyze(out, use_cache=False)
+        # (with NCCL timing off no stamp says how long the collectives waited: the watchdog dumped, the user says)
+        report = analyze(out, use_cache=False, trigger="timeout" if not layout.get("timing", True) else "auto")
     cut = report.matching.progress.filter(pl.col("rank") == keep[0])
     assert cut["enqueued_at_least"].drop_nulls().len() > 0 and not cut["has_dump"].any()
     kept = report.trace.entries.filter(pl.col("rank") == keep[0])["group"].unique()
@@ -1029,3 +1031,28 @@ def test_gloo_the_middle_host_of_three_down_leaves_dp_groups_short_not_stuck(mak
     report = analyze(out)
     assert culprits(report) == (truth["ranks"], truth["hosts"], []) == (list(range(8, 16)), ["node00001"], []), \
         report.summary
+
+
+def test_collectives_in_flight_everywhere_with_no_time_to_say_how_long_read_healthy_with_a_note(make_job):
+    """The dead link of `test_a_dead_link_whose_ends_both_completed_elsewhere_names_no_bystander_host`, with NCCL
+    timing off: every dump shows the collectives in flight, and nothing in them says for how long (no start
+    stamps; the files' times only bound the dumps from above). A running job's snapshot reads the same: healthy,
+    with a note that says how to settle it; with `trigger="timeout"` it reads as the hang it is."""
+    job = synth.Job(tp=1, pp=2, dp=8, steps=6, ranks_per_host=2, microbatches=4, timing=False, seed=250180,
+                    buffer_size=200, fault=synth.Fault(kind="dead_link", rank=9, step=2, phase="dp",
+                                                       hosts=("node00004", "node00001")))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert report.verdict == "healthy", report.summary
+    assert "--trigger timeout" in report.summary
+    assert [f.kind for f in report.findings if f.kind == "in_flight_at_dump"] == ["in_flight_at_dump"]
+    hung, _ = run(make_job, job, per_host_folders=True, trigger="timeout")
+    assert hung.verdict == "inconclusive"
+
+
+def test_with_timing_on_the_dump_itself_says_the_collectives_timed_out(make_job):
+    """NCCL timing on: the dump stamps each op it finds started, at its own moment: ten minutes after the hang,
+    past the 600 s timeout. Proof of a hang, whatever the files' times."""
+    job = synth.Job(tp=2, pp=4, dp=2, ranks_per_host=2,
+                    fault=synth.Fault(kind="dead_link", rank=2, hosts=("node00001", "node00002")))
+    report, _ = run(make_job, job, per_host_folders=True)
+    assert report.verdict == "fault" and report.root_causes[0].kind == "stuck_in_flight", report.summary
