@@ -13,7 +13,8 @@ import polars as pl
 from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
 from .dump_times import TRIGGERS, Waited, dump_moments, waited
-from .locate import Location, locate, unit_pending
+from .gpu_position import unit_pending
+from .locate import Location, locate
 from .match import Matching, match, written_only_active
 from .parse_pool import paused_gc
 from .report import DumpSummary, Finding, Report

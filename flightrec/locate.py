@@ -13,6 +13,7 @@ from itertools import combinations
 
 import polars as pl
 
+from .gpu_position import oldest_pending, unit_pending
 from .match import Matching
 from .schema import GroupId
 from .topology import Topology
@@ -31,34 +32,17 @@ class Location:
     seqs: dict[str, int]          # stuck group -> its in-flight collective seq (or -1 for a p2p pair)
 
 
-def unit_pending() -> pl.Expr:
-    """A rank's part in a collective is unfinished: not completed where its recorder reports completion (NCCL),
-    still in the work queue (not retired) where it doesn't (Gloo)."""
-    return pl.when(pl.col("tracks_completion")).then(pl.col("state") != "completed").otherwise(~pl.col("retired"))
-
-
-def oldest_pending(m: Matching) -> pl.DataFrame:
-    """(rank, _oldest): the record id of each rank's oldest unfinished op, collective or send/recv: where its GPU
-    stands. The CPU runs ahead of the GPU, enqueuing (recording, `scheduled`) its next ops until Python needs a
-    result, so a rank's later unfinished ops are its run-ahead, not ops its GPU is in (unless they began:
-    `started`, NCCL timing on)."""
-    units = m.units.lazy().filter(unit_pending()).select("rank", "record_id")
-    ends = [m.p2p.lazy().filter(pl.col(f"{end}_pending") & pl.col(f"{end}_record").is_not_null())
-            .select(pl.col(f"{end}_rank").alias("rank"), pl.col(f"{end}_record").alias("record_id"))
-            for end in ("send", "recv")]
-    return (pl.concat([units, *ends]).group_by("rank").agg(pl.col("record_id").min().alias("_oldest")).collect())
-
-
 def stuck_tests(m: Matching) -> pl.DataFrame:
     """(test id, rank) for every in-flight collective at a group's frontier and every in-flight p2p pair that
     holds each member's GPU: it is every member's oldest unfinished op (`oldest_pending`), or it began on every
     member (`started`). One that is some member's run-ahead, queued behind another op, proves nothing of the
     hardware under it: with NCCL timing off every enqueued op reads `scheduled`, and at a hang most are in
     flight on every member (NVIDIA's real dumps, fixtures/nvrx)."""
-    frontier = m.progress.group_by("group").agg(pl.col("frontier").first())
+    # (any collective in flight, not only a group's newest: with the CPU ahead of the GPU, the one holding the
+    # GPUs is often older than what the CPUs went on to enqueue; which hold them is said below)
     colls = (
-        m.collectives.join(frontier, on="group")
-        .filter((pl.col("status") == "in_flight") & (pl.col("collective_seq_id") == pl.col("frontier")))
+        m.collectives
+        .filter(pl.col("status") == "in_flight")
         .select("group", "collective_seq_id")
         # (not one whose members disagree, found beyond its own entries: a mismatch settled by the peer groups
         # where a member's dump was cut. The mismatch explains it; it is no hang below the collectives)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from .gpu_position import oldest_pending
 from .inferred_groups import of_a_kind
 from .match import Matching, last_group_per_rank
 
@@ -236,8 +237,25 @@ def wait_edges(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None =
         pl.format("r:{}", "send_rank").alias("src"), pl.format("r:{}", "dst").alias("dst"),
         pl.lit("p2p").alias("kind"), "group", pl.col("ordinal").alias("seq"))
 
-    parts = [behind_in, behind_out, missing_in, missing_out, recv_waits, send_waits]
+    parts = [behind_in, behind_out, missing_in, missing_out, recv_waits, send_waits, _behind_on_its_gpu(m)]
     return pl.concat([p.cast(WAIT_EDGES) for p in parts]).unique().sort("src", "dst", "group")
+
+
+def _behind_on_its_gpu(m: Matching) -> pl.DataFrame:
+    """A send/recv posted at both ends whose one end is its rank's run-ahead: an older op of that rank is unfinished,
+    so its GPU is not at this transfer yet. The other end waits on that rank (on its GPU), not on the link."""
+    pairs = m.p2p.filter((pl.col("status") == "in_flight") & pl.col("send_pending") & pl.col("recv_pending"))
+    if pairs.height == 0:
+        return pl.DataFrame(schema=WAIT_EDGES)
+    oldest = oldest_pending(m)
+    at = {end: pl.col(f"{end}_rank").replace_strict(oldest["rank"], oldest["_oldest"], default=None)
+          for end in ("send", "recv")}
+    behind = {end: (at[end] < pl.col(f"{end}_record")).fill_null(False) for end in ("send", "recv")}
+    return pl.concat([
+        pairs.filter(behind[end] & ~behind[other]).select(
+            pl.format("r:{}", f"{other}_rank").alias("src"), pl.format("r:{}", f"{end}_rank").alias("dst"),
+            pl.lit("p2p").alias("kind"), "group", pl.col("ordinal").alias("seq"))
+        for end, other in (("send", "recv"), ("recv", "send"))]).cast(WAIT_EDGES)
 
 
 def build_waits(m: Matching, entries: pl.DataFrame, groups: pl.DataFrame | None = None,
