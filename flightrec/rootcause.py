@@ -15,6 +15,7 @@ import polars as pl
 from . import cycles
 from .load import Trace, format_ranks
 from .dump_times import Waited
+from .gpu_position import never_began
 from .locate import Location
 from .match import Matching, written_only_active
 from .report import Finding, ProcessGroupRef
@@ -178,6 +179,8 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
             wrong = [(row, b) for row, b in wrong if not _receives_from(ctx, row["dst"], row["src"])]
         if len(wrong) == 1:
             out.append(_wrong_peer_finding(ctx, *wrong[0]))
+    named = {r for f in out for r in f.ranks}
+    out += [f for f in _never_traded_findings(ctx) if not set(f.ranks) & named]
     out += _any_source_findings(ctx)
     for row in p2p.filter(pl.col("status") == "size_mismatch").iter_rows(named=True):
         a, b = row["send_rank"], row["recv_rank"]
@@ -188,6 +191,53 @@ def _p2p_findings(ctx: _Context) -> list[Finding]:
                                 f"(transfer {row['ordinal']} in {g.label() if g else row['group']})"),
             evidence={"send_shape": str(row["send_sizes"]), "recv_shape": str(row["recv_sizes"])},
         ))
+    return out
+
+
+def _never_traded_findings(ctx: _Context) -> list[Finding]:
+    """A send or receive left waiting, posted toward a peer its rank never traded with in that direction in the
+    window, while it traded with others: the odd one of a cycle of pipeline waits (a receive posted from the wrong
+    stage), not the ordinary traffic its peers wait in. Its peer, waiting on something else, is no cause."""
+    if ctx.only_active:
+        return []   # (the writer left out every finished transfer: no history to tell odd from usual)
+    p2p = ctx.m.p2p
+    # (history: transfers that finished; pairs only posted, maybe run-ahead, are no trade yet)
+    traded = p2p.filter(pl.col("status") == "matched").select("group", "src", "dst").unique()
+    waiting = pl.concat([
+        p2p.filter((pl.col("status") == "unmatched_send") & pl.col("send_pending"))
+        .select("group", "src", "dst", pl.col("send_rank").alias("rank"), pl.lit("send").alias("_op"),
+                pl.col("dst").alias("_peer")),
+        p2p.filter((pl.col("status") == "unmatched_recv") & pl.col("recv_pending") & pl.col("src").is_not_null())
+        .select("group", "src", "dst", pl.col("recv_rank").alias("rank"), pl.lit("recv").alias("_op"),
+                pl.col("src").alias("_peer")),
+    ])
+    odd = waiting.join(traded, on=["group", "src", "dst"], how="anti")
+    if odd.height == 0:
+        return []
+    # (only ranks that traded the same way in the group with others: a first transfer ever has no history either)
+    usual = pl.concat([traded.select("group", pl.col("src").alias("rank"), pl.col("dst").alias("_with"),
+                                     pl.lit("send").alias("_op")),
+                       traded.select("group", pl.col("dst").alias("rank"), pl.col("src").alias("_with"),
+                                     pl.lit("recv").alias("_op"))])
+    out = []
+    for group, src, dst, rank, op, peer in odd.iter_rows():
+        others = sorted(set(usual.filter((pl.col("group") == group) & (pl.col("rank") == rank)
+                                         & (pl.col("_op") == op))["_with"].to_list()))
+        if not others or peer in ctx.w.roots and peer not in ctx.w.waiting:
+            continue   # (no history, or a peer stopped: the wait graph names it)
+        g = ctx.groups.get(group)
+        where = g.label() if g else f"group {group}"
+        posted = f"a receive from rank {peer}" if op == "recv" else f"a send to rank {peer}"
+        never = "never sent to it" if op == "recv" else "never received from it"
+        usually = f"received only from {format_ranks(others)}" if op == "recv" else f"sent only to {format_ranks(others)}"
+        msg = (f"{ctx.rank_label(rank)} posted {posted} in {where}, which {never} in any transfer the dumps hold; "
+               f"it {usually} before: a send/recv peer mismatch")
+        out.append(Finding(
+            kind="p2p_unmatched", role="root_cause", message=msg, ranks=[rank], hosts=ctx.topo.hosts([rank]),
+            process_group=g, op=op,
+            evidence={"posted": f"{op} {'<-' if op == 'recv' else '->'} {peer}", "usual_peers": others,
+                      "never_traded_with": peer, "waiting_ranks": len(ctx.w.waiters_of([rank]))},
+            stacks=ctx.stack_of(rank, ctx.describe_last(rank))))
     return out
 
 
@@ -541,6 +591,24 @@ def _root_findings(ctx: _Context, explained: set[int], stuck: set[int],
         ))
     # (ranks whose dumps prove them behind come first: how far a rank with no dump got is unknown)
     return out + _missing_findings(ctx, missing, edges)
+
+
+def _never_began_findings(ctx: _Context, idle: pl.DataFrame, explained: set[int]) -> list[Finding]:
+    """Ranks whose GPU never began the oldest op left on it, which its peers began (`gpu_position.never_began`),
+    in a hang: nothing older held it, so it stopped (a GPU frozen, or stuck in a kernel of its own)."""
+    out = []
+    for rank, group, seq, began in idle.filter(~pl.col("rank").is_in(list(explained))).iter_rows():
+        g = ctx.groups.get(group)
+        op = ctx.op_at(group, seq) or "collective"
+        waiting = ctx.w.waiters_of([rank])
+        msg = (f"GPU of {ctx.rank_label(rank)} stopped: it never began {op} #{seq} in {g.label() if g else group}, "
+               f"which {began} of its peers began, and nothing older was unfinished on it")
+        out.append(Finding(kind="gpu_stalled", role="root_cause", message=msg, ranks=[rank],
+                           hosts=ctx.topo.hosts([rank]), process_group=g, collective_seq_id=seq, op=op,
+                           evidence={"never_began": f"{op} #{seq}", "peers_that_began": began,
+                                     "waiting_ranks": len(waiting)},
+                           stacks=ctx.stack_of(rank, ctx.describe_last(rank))))
+    return out
 
 
 def _with_gpu_stalls(ctx: _Context, roots: list[Finding]) -> list[Finding]:
@@ -1125,6 +1193,8 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
                     .join(mismatched.lazy(), on=["group", "collective_seq_id"]).collect()["rank"].to_list())
     roots += _p2p_findings(ctx)
     explained |= {r for f in roots for r in f.ranks}
+    # (the peer a mismatched send or receive was posted toward waits elsewhere: it is no cause of its own)
+    explained |= {f.evidence["never_traded_with"] for f in roots if "never_traded_with" in f.evidence}
     p2p_culprits = {r for f in roots if f.kind == "p2p_unmatched" for r in f.ranks}
     # a wrong-peer send closes a loop of pipeline waits: that loop is its symptom, not a deadlock
     p2p_cycle = {r for ranks, _ in w.cycles if p2p_culprits & set(ranks) for r in ranks}
@@ -1141,6 +1211,12 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     roots += _root_findings(ctx, explained, stuck - stalled, stuck_at)
     roots = _with_gpu_stalls(ctx, roots)
     explained |= stalled | set(w.waiters_of(sorted(stalled)))
+    if waited.reading == "hung":
+        # (a GPU that never began what its peers began, with nothing older on it: in a hang only, as a running
+        # job's GPU a moment behind reads the same)
+        idle = _never_began_findings(ctx, never_began(m), explained | {r for f in roots for r in f.ranks})
+        roots += idle
+        explained |= {r for f in idle for r in f.ranks}
     stuck_findings = _stuck_findings(ctx, loc, explained)
     live: list[Finding] = []
     if stuck_findings and waited.reading != "hung":
