@@ -114,7 +114,7 @@ def run(case: dict, workdir: str) -> dict:
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = analyze(out, use_cache=False, **options)
+            report = analyze(out, use_cache=False, trigger=case.get("trigger", "auto"), **options)
         if case["hosts"] == "none" and case["fault"]["kind"] == "straggler_host":   # (scored by its ranks)
             truth = dict(truth, ranks=[r for r in range(job.world_size) if job.host_of(r) in truth["hosts"]])
         result, why = score(case["fault"]["kind"], truth, report, damaged, hosts_known=case["hosts"] != "none")
@@ -287,8 +287,12 @@ def main(argv=None) -> None:
     ap.add_argument("--only-active", action="store_true",
                     help="the same jobs, their recorders set to keep only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE; "
                          "a no-op for Gloo's)")
+    ap.add_argument("--trigger", choices=["auto", "timeout", "on-demand"], default="auto",
+                    help="what the analysis is told wrote the dumps (the generator's are the watchdog's, on a timeout: "
+                         "'timeout' is what a runbook that knows the job hung passes)")
     args = ap.parse_args(argv)
-    cases = [draw(args.seed, i) | ({"hosts": "none"} if args.no_hosts else {}) for i in range(args.jobs)]
+    cases = [draw(args.seed, i) | ({"hosts": "none"} if args.no_hosts else {}) | {"trigger": args.trigger}
+             for i in range(args.jobs)]
     if args.only_active:
         cases = [case | {"job": case["job"] | {"only_active": True}} for case in cases]
     if args.healthy:
