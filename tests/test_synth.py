@@ -100,3 +100,61 @@ def test_link_reach_counts_the_groups_a_link_slows_against_their_kind():
         "tp": (0, 8), "p2p": (1, 4), "dp": (0, 8), "default_pg": (1, 1)}
     assert synth.link_reach(synth.Job(tp=2, pp=1, dp=8, ranks_per_host=2), ("node00003", "node00000")) == {
         "tp": (0, 8), "dp": (2, 2), "default_pg": (1, 1)}
+
+
+def _layout(dump: dict) -> dict:
+    """What a writer's dump looks like, values aside: its keys, each entry key's value types, pg_status's."""
+    entries = dump["entries"]
+    kinds: dict[str, set] = {}
+    for e in entries:
+        for k, v in e.items():
+            kinds.setdefault(k, set()).add(type(v).__name__)
+    status = {type(v).__name__ for st in dump["pg_status"].values() for v in st.values()}
+    config = {k: type(v).__name__ for cfg in dump["pg_config"].values() for k, v in cfg.items()}
+    return {"top": sorted(dump), "entry_types": kinds, "status_types": status, "config_types": config}
+
+
+def _real(paths) -> dict:
+    layouts = [_layout(loads_plain_pickle(p.read_bytes())) for p in paths]
+    merged = {"top": layouts[0]["top"], "entry_types": {}, "status_types": set(), "config_types": {}}
+    for lay in layouts:
+        assert lay["top"] == merged["top"]
+        for k, v in lay["entry_types"].items():
+            merged["entry_types"].setdefault(k, set()).update(v)
+        merged["status_types"] |= lay["status_types"]
+        merged["config_types"].update(lay["config_types"])
+    return merged
+
+
+@pytest.mark.parametrize("real, job", [
+    # NVIDIA's real GPU dumps: NCCL, recorder 2.9, only unfinished entries, no stacks, NCCL timing off
+    ("nvrx/gpu_error_1st", dict(version="2.9", only_active=True, with_stacks=False, timing=False,
+                                fault=synth.Fault(kind="not_joined", rank=3, phase="tp"))),
+    # torch 2.13's Gloo recorder, with stack traces, on a hang
+    ("skip_collective", dict(backend="gloo", version="2.10", fault=synth.Fault(kind="not_joined", rank=3, phase="dp"))),
+])
+def test_the_generator_writes_what_the_real_writers_write(tmp_path, real, job):
+    """The generator models the writer, so its dumps must carry the real writers' keys with the real value
+    types (a key ours adds or lacks, an int written as a string, would let the analysis pass on dumps no writer
+    writes)."""
+    out = tmp_path / "job"
+    synth.generate(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2, **job), out)
+    theirs = _real(sorted((FIXTURES / real).glob("*_[0-9]*")))
+    ours = _real(sorted(p for p in out.rglob("nccl_trace_rank_*")))
+    assert ours["top"] == theirs["top"]
+    assert set(ours["entry_types"]) == set(theirs["entry_types"])
+    for key, types in theirs["entry_types"].items():
+        assert ours["entry_types"][key] <= types | {"NoneType"}, key
+    assert ours["status_types"] == theirs["status_types"]
+    assert ours["config_types"] == theirs["config_types"]
+
+
+def test_the_generator_imports_no_analyser_constant():
+    """`synth` models the writer; a constant shared with the analyser (the watchdog's poll, once) would make both
+    sides share one assumption and hide it from every test."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(synth))
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert modules <= {"__future__", "collections", "collections.abc", "dataclasses", "pathlib", "synth_stacks"}, modules
