@@ -29,6 +29,9 @@ NATIVE_BACKENDS = ("nccl", "gloo", "xccl", "ncclx", "rccl", "rcclx", "hccl", "mc
 HOOK_COMPLETION_BACKENDS = ("nccl2",)
 # The backend names torchcomms writes where pg_config's desc would be
 _TORCHCOMMS_BACKENDS = ("nccl", "ncclx", "rccl", "rcclx", "gloo", "xccl", "fake")
+# Every backend prefix a writer we have read writes (the hook's: its backend's name, "c10d" when it has none)
+KNOWN_BACKENDS = (*NATIVE_BACKENDS, *HOOK_COMPLETION_BACKENDS, *_TORCHCOMMS_BACKENDS, "fake", "mpi", "ucc", "c10d",
+                  "custom")
 
 
 def _backends(column: str = "backend") -> pl.Expr:
@@ -52,6 +55,16 @@ def dump_writers(dumps: pl.DataFrame, pg_status: pl.DataFrame, pg_config: pl.Dat
                     .otherwise(pl.lit("pytorch")).cast(Writer).alias("writer")))
 
 
+def _unknown_backends_noted(dumps: pl.DataFrame) -> pl.DataFrame:
+    """A dump whose profiling names carry a backend no writer we have read writes gets a problem saying how it
+    was read (as the hook writer's, on a backend that reports no completion): its file is named in a warning."""
+    unknown = _backends().list.eval(pl.element().filter(~pl.element().is_in(KNOWN_BACKENDS)))
+    note = pl.format("its profiling names' backend ({}) is no writer's we know: its ops are read as reporting no "
+                     "completion", unknown.list.join(", "))
+    return dumps.with_columns(pl.when(unknown.list.len() > 0).then(pl.col("problems").list.concat(pl.concat_list(note)))
+                              .otherwise(pl.col("problems")).alias("problems"))
+
+
 def issued_not_finished(dumps: pl.DataFrame) -> pl.DataFrame:
     """(rank): ranks whose writer retires an entry when it is issued, so `retired` says nothing of completion:
     torchcomms', and the hook's on a backend that doesn't report completion."""
@@ -68,8 +81,8 @@ def as_pytorch_writes_it(raw: dict[str, pl.DataFrame]) -> None:
     dumps = raw["dumps"]
     writers = dump_writers(dumps, raw["pg_status"], raw["pg_config"])
     out = raw
-    out["dumps"] = dumps = dumps.drop("writer", strict=False).join(writers, on="rank", how="left",
-                                                                   maintain_order="left")
+    out["dumps"] = dumps = _unknown_backends_noted(
+        dumps.drop("writer", strict=False).join(writers, on="rank", how="left", maintain_order="left"))
     if (writers["writer"] == "pytorch").all():
         return
     hook = writers.filter(pl.col("writer") == "c10d_hook").select("rank")

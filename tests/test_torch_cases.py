@@ -63,3 +63,29 @@ def test_writers_are_told_apart():
     assert writers("hook_list_shapes") == {"c10d_hook"}
     assert writers("recv_from_any_source") == {"c10d_hook"}
     assert writers("torchcomms_pipeline") == {"torchcomms"}
+
+
+def test_a_new_dialects_broken_forms_get_a_line_each_and_the_rest_is_analysed(tmp_path):
+    """A torchcomms dump cut short and one whose profiling names carry a backend no writer we know writes: one
+    warning each naming its file; rank 3, which never joined, is still named."""
+    import pickle
+    import shutil
+
+    from flightrec.readers import loads_plain_pickle
+
+    job = tmp_path / "job"
+    shutil.copytree(CASES / "torchcomms_not_joined", job)
+    cut = job / "comm_lib_trace_rank_1"
+    cut.write_bytes(cut.read_bytes()[: int(cut.stat().st_size * 0.6)])
+    odd = job / "comm_lib_trace_rank_2"
+    dump = loads_plain_pickle(odd.read_bytes())
+    for e in dump["entries"]:
+        e["profiling_name"] = e["profiling_name"].replace("ncclx:", "weird:")
+    odd.write_bytes(pickle.dumps(dump, protocol=2))
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        report = analyze(job, use_cache=False)
+    assert report.culprits["ranks"] == [3], report.summary
+    problems = {f.evidence["path"]: f.message for f in report.findings if f.kind == "dump_problem"}
+    assert "weird" in problems["comm_lib_trace_rank_2"]
+    assert [r["path"] for r in report.to_dict()["dumps"]["refused"]] == ["comm_lib_trace_rank_1"]
