@@ -176,6 +176,7 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
                  for p, r in refused.select("path", "problems").iter_rows()],
         host_source=topo.source,
         only_active=written_only_active(trace.dumps),
+        writers=dict(loaded.group_by(pl.col("writer").cast(pl.String)).len().sort("writer").iter_rows()),
     )
     if refused.height:
         warnings.warn(f"{refused.height} dump file(s) could not be read; see the report's 'dumps.refused'",

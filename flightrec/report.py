@@ -72,6 +72,8 @@ class DumpSummary:
     host_source: str = "none"
     # the job's writer kept only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): nothing finished to compare or time
     only_active: bool = False
+    # who wrote the dumps loaded: {"pytorch": 14, "torchcomms": 2} (`writers`)
+    writers: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class Report:
                 "refused": self.dumps.refused,
                 "host_source": self.dumps.host_source,
                 "only_active": self.dumps.only_active,
+                "writers": self.dumps.writers,
             },
             **({"scope": self.scope} if self.scope else {}),
         }
@@ -164,7 +167,9 @@ class Report:
 
     def _dumps_line(self) -> str:
         d = self.dumps
-        text = f"Dumps: {d.loaded} of {d.world_size} ranks loaded (recorder {', '.join(d.versions) or '?'})"
+        others = [f"{w.replace('_', ' ')} writer" for w in sorted(d.writers) if w != "pytorch"]
+        text = (f"Dumps: {d.loaded} of {d.world_size} ranks loaded (recorder {', '.join(d.versions) or '?'}"
+                f"{'; ' + ', '.join(others) if others else ''})")
         if d.missing_ranks:
             text += f"; missing: ranks {format_ranks(d.missing_ranks)}"
         if d.refused:
