@@ -10,9 +10,11 @@ member; only how long they had waited tells them apart. Each dump's moment is bo
 - from above by the file's modification time (a file is written at the dump or copied later, never before;
   one older than its own newest stamp was touched or its clock is off, and is not read).
 
-A collective whose wait, from below, reached its timeout is proof of a hang. Ops whose waits, from above, were all
-under their timeouts are proof of a running job (a dump read where it was written). Anything else the dumps can't
-tell; the user can (`trigger`).
+A collective whose wait, from below, reached its timeout is proof of a hang; so is the watchdog's own signature:
+files written just as the op in flight longest reached its timeout (its wait, from above, within 30 s past it;
+a copy made later lands there only by chance). Ops whose waits, from above, were all under their timeouts are proof
+of a running job (a dump read where it was written). Anything else the dumps can't tell; the user can
+(`trigger`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import polars as pl
 TRIGGERS = ("auto", "timeout", "on-demand")
 # Clocks of the host that wrote a file and of its file system may disagree by this much
 CLOCK_SLACK_NS = 10**9
+# The watchdog writes its dumps within this long of the first op's timeout (its poll, the dump itself, the other
+# ranks told to dump through the store)
+WATCHDOG_WRITES_WITHIN_MS = 30_000
 
 DUMP_MOMENTS = pl.Schema({
     "rank": pl.Int64,
@@ -104,7 +109,11 @@ def waited(pending: pl.DataFrame, moments: pl.DataFrame, trigger: str = "auto") 
         return Waited(reading, None, None, trigger)
     known = ages.filter(pl.col("_least").is_not_null())
     longest = known.sort("_least", descending=True).row(0, named=True) if known.height else None
-    timed_out = known.filter(pl.col("_least") >= pl.col("timeout_ms")).height > 0
+    # (the watchdog's signature: the op in flight longest had waited, by the files' times, just its timeout)
+    oldest = ages.filter(pl.col("_most").is_not_null()).sort("_most", descending=True).head(1)
+    signed = oldest.filter((pl.col("_most") >= pl.col("timeout_ms") - CLOCK_SLACK_NS / 1e6)
+                           & (pl.col("_most") <= pl.col("timeout_ms") + WATCHDOG_WRITES_WITHIN_MS)).height > 0
+    timed_out = known.filter(pl.col("_least") >= pl.col("timeout_ms")).height > 0 or signed
     # (under its timeout for sure: by the file's time, or by a stamp the dump itself made)
     under = (pl.col("_most") < pl.col("timeout_ms")) | (pl.col("at_dump") & (pl.col("_least") < pl.col("timeout_ms")))
     all_under = bool(ages.select(under.fill_null(False).all()).item())

@@ -1,6 +1,7 @@
 """Synthetic NCCL jobs with one injected fault each: the culprits are exactly the injected ones."""
 
 import json
+import os
 import warnings
 from pathlib import Path
 
@@ -1035,18 +1036,24 @@ def test_gloo_the_middle_host_of_three_down_leaves_dp_groups_short_not_stuck(mak
 
 def test_collectives_in_flight_everywhere_with_no_time_to_say_how_long_read_healthy_with_a_note(make_job):
     """The dead link of `test_a_dead_link_whose_ends_both_completed_elsewhere_names_no_bystander_host`, with NCCL
-    timing off: every dump shows the collectives in flight, and nothing in them says for how long (no start
-    stamps; the files' times only bound the dumps from above). A running job's snapshot reads the same: healthy,
-    with a note that says how to settle it; with `trigger="timeout"` it reads as the hang it is."""
+    timing off: no stamp says how long the collectives in flight had waited. Read where the watchdog wrote them,
+    the files' times are its signature (written as the oldest op reached its timeout): a hang. Copied later
+    (their times the copy's), nothing says, and a running job's snapshot reads the same: healthy, with a note
+    that says how to settle it; `trigger="timeout"` does."""
     job = synth.Job(tp=1, pp=2, dp=8, steps=6, ranks_per_host=2, microbatches=4, timing=False, seed=250180,
                     buffer_size=200, fault=synth.Fault(kind="dead_link", rank=9, step=2, phase="dp",
                                                        hosts=("node00004", "node00001")))
-    report, _ = run(make_job, job, per_host_folders=True)
-    assert report.verdict == "healthy", report.summary
-    assert "--trigger timeout" in report.summary
-    assert [f.kind for f in report.findings if f.kind == "in_flight_at_dump"] == ["in_flight_at_dump"]
-    hung, _ = run(make_job, job, per_host_folders=True, trigger="timeout")
-    assert hung.verdict == "inconclusive"
+    out, _ = make_job(job, per_host_folders=True)
+    in_place = analyze(out)
+    assert in_place.verdict == "inconclusive", in_place.summary
+    for path in out.rglob("nccl_trace_rank_*"):
+        later = path.stat().st_mtime_ns + 3 * 3600 * 10**9   # (copied three hours after)
+        os.utime(path, ns=(later, later))
+    copied = analyze(out, use_cache=False)
+    assert copied.verdict == "healthy", copied.summary
+    assert "--trigger timeout" in copied.summary
+    assert [f.kind for f in copied.findings if f.kind == "in_flight_at_dump"] == ["in_flight_at_dump"]
+    assert analyze(out, use_cache=False, trigger="timeout").verdict == "inconclusive"
 
 
 def test_with_timing_on_the_dump_itself_says_the_collectives_timed_out(make_job):
