@@ -90,3 +90,21 @@ def all_fixture_folders() -> list[str]:
 def test_no_finding_names_nobody_or_prints_none(case):
     report = _analyze(FIXTURES / case)
     assert unreadable_text(report) == []
+
+
+@pytest.mark.parametrize("fault", [
+    dict(kind="host_down", rank=5, hosts=("node00002",)), dict(kind="dead_link", rank=2, hosts=("node00001", "node00002")),
+    dict(kind="nic_down", rank=2, hosts=("node00001",)), dict(kind="not_joined", rank=3), dict(kind="missing_dump", rank=3),
+    dict(kind="size_mismatch", rank=1), dict(kind="dtype_mismatch", rank=6, phase="dp"),
+    dict(kind="type_mismatch", rank=5), dict(kind="deadlock", rank=2, phase="dp"), dict(kind="straggler", rank=4),
+    dict(kind="wrong_peer", rank=2, phase="p2p"), dict(kind="late_arrival", rank=1, delay_ms=700_000.0),
+])
+@pytest.mark.parametrize("variant", [dict(), dict(timing=False), dict(only_active=True), dict(backend="gloo")])
+def test_no_finding_on_a_generated_job_names_nobody_or_prints_none(make_job, fault, variant):
+    from flightrec import synth
+
+    if variant.get("backend") == "gloo" and fault["kind"] == "wrong_peer":
+        pytest.skip("Gloo records no send or receive")
+    job = synth.Job(tp=2, pp=3, dp=2, ranks_per_host=2, steps=3, fault=synth.Fault(**fault), **variant)
+    out, _ = make_job(job, per_host_folders=True)
+    assert unreadable_text(_analyze(out)) == []
