@@ -15,7 +15,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NoDumpsError
+import polars as pl
+
+from .errors import MultipleJobsError, NoDumpsError
+from .schema import UNLISTED
 
 # Compression or format suffixes people add after the rank: `rank_3.json`, `rank_3.pkl.gz`.
 _SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".bin")
@@ -70,10 +73,12 @@ def _strip_suffixes(name: str) -> str:
     return name
 
 
-def _walk_files(root: Path) -> list[tuple[str, str, str, os.stat_result]]:
+def _walk_files(root: Path, unlisted: list[tuple[str, str]] | None = None) -> list[tuple[str, str, str,
+                                                                                     os.stat_result]]:
     """Every regular file below root: (path, its folder, its name, its stat), following directory symlinks once
     (loops are cut). One `scandir` a folder, one stat a file, paths kept as the strings `scandir` makes: at 16K
-    dumps, `os.walk`, two stats a file and a parsed path each took 0.4 s of a 10 s warm analysis."""
+    dumps, `os.walk`, two stats a file and a parsed path each took 0.4 s of a 10 s warm analysis. Folders that
+    can't be listed go into `unlisted` as (path, reason)."""
     found: list[tuple[str, str, str, os.stat_result]] = []
     seen_dirs: set[tuple[int, int]] = set()
     pending = [os.fspath(root)]
@@ -87,10 +92,13 @@ def _walk_files(root: Path) -> list[tuple[str, str, str, os.stat_result]]:
             with os.scandir(folder) as it:
                 listing = sorted(it, key=lambda entry: entry.name)
         except OSError as exc:
-            # (skipped, as os.walk does, but said: a host folder not readable reads as that host's ranks having
-            # left no dump, and the runbook would drain a healthy host)
-            warnings.warn(f"cannot list {folder} ({exc.strerror or exc}): any dumps in it are not read; "
-                          "fix its permissions, or run as a user who can read it", stacklevel=3)
+            # (skipped, as os.walk does, but kept: a host folder not readable would read as that host's ranks
+            # having left no dump, and the runbook drain a healthy host; the report names it unreadable)
+            reason = exc.strerror or str(exc)
+            if unlisted is not None:
+                unlisted.append((folder, reason))
+            warnings.warn(f"cannot list {folder} ({reason}): any dumps in it are not read; fix its permissions, "
+                          "or run as a user who can read it", stacklevel=3)
             continue
         subfolders = []
         for entry in listing:
@@ -131,7 +139,24 @@ def _first_differing_level(paths: list[tuple[str, ...]]) -> int:
     return level
 
 
-def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFile]:
+@dataclass(frozen=True)
+class Found:
+    """What `discover_all` finds: the dump files, and the folders it could not list."""
+
+    files: list[DumpFile]
+    unlisted: pl.DataFrame   # (schema.UNLISTED) path, reason
+
+
+def discover_all(root: str | os.PathLike, prefix: str | None = None) -> Found:
+    """`discover`, and the folders under `root` that could not be listed (a dump in them is unreadable, not
+    missing)."""
+    unlisted: list[tuple[str, str]] = []
+    files = discover(root, prefix, unlisted)
+    return Found(files, pl.DataFrame(unlisted, schema=UNLISTED, orient="row"))
+
+
+def discover(root: str | os.PathLike, prefix: str | None = None,
+             unlisted: list[tuple[str, str]] | None = None) -> list[DumpFile]:
     """List dump files under `root` with their rank and host.
 
     Args:
@@ -145,7 +170,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     root = Path(root)
     if not root.exists():
         raise NoDumpsError(f"{root}: no such file or directory; pass the folder the ranks wrote their dumps to")
-    paths = [(str(root), "", root.name, root.stat())] if root.is_file() else _walk_files(root)
+    paths = [(str(root), "", root.name, root.stat())] if root.is_file() else _walk_files(root, unlisted)
 
     candidates: list[tuple[str, str, int, os.stat_result, str]] = []
     skipped: list[str] = []
@@ -185,6 +210,10 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
                       "(pass --prefix if they are dumps)", stacklevel=2)
 
     if not candidates:
+        if unlisted:
+            raise NoDumpsError(f"{root}: no dump could be read: {len(unlisted)} folder(s) could not be listed "
+                               f"({unlisted[0][0]}: {unlisted[0][1]}); fix their permissions, or run as a user who "
+                               "can read them")
         hint = f" starting with {prefix!r}" if prefix is not None else " whose name ends in a rank number"
         raise NoDumpsError(
             f"{root}: no dump files{hint}; check the path, or pass --prefix with the file-name prefix your "
@@ -205,6 +234,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
     host_level = _first_differing_level([Path(f).parts for f in folders]) if folder_is_host else 0
     lone_host = None if folder_is_host else _lone_host_folder(root, folders, [c[2] for c in candidates])
 
+    _one_job(root, candidates)
     files = []
     host_of_folder: dict[str, str | None] = {}
     for path, name_prefix, rank, stat, folder in candidates:
@@ -217,6 +247,92 @@ def discover(root: str | os.PathLike, prefix: str | None = None) -> list[DumpFil
         host = host or lone_host
         files.append(DumpFile(path=path, rank=rank, host=host, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     return _one_file_per_rank(files)
+
+
+def _one_job(root: Path, candidates: list[tuple[str, str, int, os.stat_result, str]]) -> None:
+    """The dumps found are one job's: no rank is claimed by two sets of files. Two folders whose ranks overlap
+    (`fixtures/`: many jobs' folders), or two name prefixes in one folder claiming the same ranks (two writers'
+    files, or two runs), are more than one job: analysed together they would read as a mix.
+
+    Raises:
+        MultipleJobsError: listing the jobs found and how to analyse one.
+    """
+    def sets(kept) -> dict[tuple[str, str], set[int]]:
+        out: dict[tuple[str, str], set[int]] = {}
+        for _, name_prefix, rank, _, folder in kept:
+            out.setdefault((folder, name_prefix), set()).add(rank)
+        return out
+
+    def clashing(by_set) -> set[tuple[str, str]]:
+        owner: dict[int, tuple[str, str]] = {}
+        out = set()
+        for key, ranks in by_set.items():
+            for rank in ranks:
+                if rank in owner and owner[rank] != key:
+                    out |= {key, owner[rank]}
+                owner.setdefault(rank, key)
+        return out
+
+    by_set = sets(candidates)
+    clash = clashing(by_set)
+    if clash:
+        # (only now are files opened: one that doesn't start like a dump, a stray beside a copy, is no job)
+        candidates = [c for c in candidates if (c[4], c[1]) not in clash or _starts_like_a_dump(c[0])]
+        by_set = sets(candidates)
+        clash = clashing(by_set)
+    if not clash:
+        return
+    jobs = _jobs(root, by_set)
+    shown = "\n".join(f"  {where}: ranks {_span(ranks)} ({len(ranks)} dumps)" for where, ranks in jobs[:12])
+    more = f"\n  ... ({len(jobs)} in all)" if len(jobs) > 12 else ""
+    first = jobs[0][0]
+    pick = (f"--prefix {first.split('--prefix ')[1].rstrip(')')}" if "--prefix " in first
+            else os.path.join(str(root), first.split(" (")[0]))
+    raise MultipleJobsError(
+        f"{root} holds the dumps of {len(jobs)} jobs (a rank appears in more than one of them):\n{shown}{more}\n"
+        f"analyse one at a time: flightrec analyze {pick if pick.startswith('--') else pick}"
+        + (f" {root}" if pick.startswith("--") else ""))
+
+
+def _jobs(root: Path, by_set: dict[tuple[str, str], set[int]]) -> list[tuple[str, set[int]]]:
+    """The jobs among the file sets (folder, name prefix): each folder below `root` whose sets' ranks don't
+    overlap is one job (a job's per-host folders split its ranks); one whose do is looked into, down to its
+    folders, then to its name prefixes."""
+    def under(folder: str) -> list[tuple[str, str]]:
+        return [k for k in by_set if k[0] == folder or k[0].startswith(folder.rstrip(os.sep) + os.sep)]
+
+    def overlaps(keys: list[tuple[str, str]]) -> bool:
+        seen: set[int] = set()
+        for k in keys:
+            if seen & by_set[k]:
+                return True
+            seen |= by_set[k]
+        return False
+
+    out: list[tuple[str, set[int]]] = []
+    pending = [os.fspath(root)]
+    while pending:
+        folder = pending.pop(0)
+        keys = under(folder)
+        if not keys:
+            continue
+        name = os.path.relpath(folder, root)
+        if not overlaps(keys):
+            out.append((name, set().union(*(by_set[k] for k in keys))))
+            continue
+        here = [k for k in keys if k[0] == folder]
+        for k in here:   # (files right in this folder: one set per name prefix)
+            out.append((f"{name} (--prefix {k[1]})", by_set[k]))
+        children = sorted({os.path.join(folder, os.path.relpath(k[0], folder).split(os.sep)[0])
+                           for k in keys if k[0] != folder})
+        pending.extend(children)
+    return out
+
+
+def _span(ranks: set[int]) -> str:
+    low, high = min(ranks), max(ranks)
+    return f"{low}-{high}" if high - low + 1 == len(ranks) and high > low else (
+        str(low) if low == high else f"{low}-{high}, some missing")
 
 
 # What numbers a job's runs rather than its hosts: such a folder holding one block of ranks is a partial run

@@ -19,6 +19,10 @@ class DumpFormatError(FlightrecError):
     """A file could not be read as a flight-recorder dump."""
 
 
+class MultipleJobsError(FlightrecError):
+    """The folder holds the dumps of more than one job (or one job written twice): analyse one at a time."""
+
+
 class HostMapError(FlightrecError):
     """The rank -> host mapping given by the user could not be read."""
 

@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from . import cache as _cache
 from . import lookup, parse_pool, writers
-from .discover import DumpFile, discover
-from .errors import FlightrecError, NoDumpsError, require_count
+from .discover import DumpFile, discover, discover_all
+from .errors import FlightrecError, MultipleJobsError, NoDumpsError, require_count
 from .inferred_groups import inferred_groups, place_rolled_out_members, unseen_ranks
 from .one_chunk import raw_values
 from .schema import (
@@ -35,6 +35,7 @@ from .schema import (
     RANK_LISTS,
     RAW_PG_CONFIG,
     STACKS,
+    UNLISTED,
     Text,
     conform,
     empty,
@@ -108,6 +109,8 @@ class Trace:
     pg_status: pl.DataFrame
     world_size: int
     world_size_from: str = "declared"
+    # folders under `root` that could not be listed (schema.UNLISTED): dumps in them were not read
+    unlisted: pl.DataFrame = field(default_factory=lambda: empty(UNLISTED))
 
     def select_groups(self, pg: str | None) -> pl.DataFrame:
         """The groups whose name, desc or identity is `pg` (all groups for None).
@@ -135,6 +138,15 @@ class Trace:
     def missing_ranks(self) -> list[int]:
         have = set(self.dumps.filter(pl.col("loaded"))["rank"].to_list())
         return [r for r in range(self.world_size) if r not in have]
+
+    @property
+    def unreadable_ranks(self) -> list[int]:
+        """Ranks whose dump is there and could not be read (permissions, an I/O error); and where a folder could not
+        be listed, every missing rank, as its dump may be in it."""
+        unread = set(self.dumps.filter(pl.col("unreadable").fill_null(False))["rank"].to_list())
+        if self.unlisted.height:
+            unread |= set(self.missing_ranks)
+        return sorted(unread)
 
     @property
     def hosts(self) -> dict[int, str]:
@@ -219,6 +231,7 @@ def _assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Da
         "problems": _list_column("problems", [[_printable(p) for p in m["problems"]] for m in metas],
                                  pa.large_string()),
         "loaded": [m["loaded"] for m in metas],
+        "unreadable": [m.get("unreadable", False) for m in metas],
     }, schema_overrides={"problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
                          "backend": pl.String, "comm_lib_version": pl.String, "format": pl.String})
     entries = _entries_frame([r["entries"] for r in results if r["entries"] is not None])
@@ -363,6 +376,7 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     unnamed = pg_config.filter(pl.col("pg_name") == "").select("ranks_key").unique().join(rank_lists, on="ranks_key")
     unnamed_lists = [r for r in _parse_rank_lists(unnamed["ranks_text"].to_list()) if r]
     groups, memberships = _groups_from_config(pg_config.filter(pl.col("pg_name") != ""), rank_lists)
+    _one_world(groups, memberships, dumps)
 
     # What the dumps prove: every rank a group names exists. What they declare: the world is the default group
     # (Gloo's unnamed config), when it is there; the largest subgroup is not.
@@ -456,8 +470,28 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         root=root, dumps=dumps, entries=entries, stacks=raw["stacks"].unique("stack_id").sort("stack_id"),
         groups=groups, members=members, memberships=memberships,
         pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
-        world_size_from=world_size_from,
+        world_size_from=world_size_from, unlisted=raw.get("unlisted", empty(UNLISTED)),
     )
+
+
+def _one_world(groups: pl.DataFrame, memberships: pl.DataFrame, dumps: pl.DataFrame) -> None:
+    """Every dump declares the same world (its default group's ranks): dumps of jobs of different sizes side by
+    side (a run's files beside another run's, under other rank numbers) would read as one job of a mix.
+
+    Raises:
+        MultipleJobsError: which ranks declare which world, and what to do.
+    """
+    worlds = groups.filter(pl.col("pg_desc") == "default_pg")
+    if worlds.height < 2:
+        return
+    declaring = (memberships.join(worlds.select("group", "size"), on="group")
+                 .group_by("size").agg(pl.col("rank").unique().sort()).sort("size"))
+    lines = "\n".join(f"  ranks {format_ranks(ranks)} declare a world of {size:,} ranks"
+                      for size, ranks in declaring.iter_rows())
+    folders = sorted({os.path.dirname(p) for p in dumps["path"].to_list()})
+    raise MultipleJobsError(f"the dumps come from jobs of different sizes:\n{lines}\nanalyse one job's dumps at a "
+                            f"time: move the others out of {folders[0] if len(folders) == 1 else 'the folder'}, or "
+                            "keep one folder per job")
 
 
 def _history_kept(dumps: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame) -> pl.DataFrame:
@@ -588,15 +622,21 @@ def _warn_unconverted(path: str | os.PathLike, shards: list[Path], prefix: str |
 
 
 def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.DataFrame]:
-    """Per-file tables for every dump under `path`, from the cache when it is current."""
-    files = discover(path, options.prefix)
+    """Per-file tables for every dump under `path`, from the cache when it is current; `raw["unlisted"]`: the
+    folders under it that could not be listed (read afresh each time: never cached)."""
+    found = discover_all(path, options.prefix)
+    files = found.files
     root = str(path)
     raw = _cache.read(files, root, options) if options.use_cache else None
     if raw is None:
         with tempfile.TemporaryDirectory(prefix="flightrec-spool-") as spool:
             raw = _assemble_raw(files, _parse_all(files, options, spool))
-            folder = _cache.write(raw, files, root, options) if options.use_cache else None
+            # (a file this user could not read is read again next time: its permissions may be fixed, which
+            # changes no size or time the cache is keyed on)
+            cache = options.use_cache and not raw["dumps"]["unreadable"].any()
+            folder = _cache.write(raw, files, root, options) if cache else None
             _reload_in_one_chunk(raw, [p for p in (folder, Path(spool)) if p is not None])
+    raw["unlisted"] = found.unlisted
     return raw
 
 

@@ -56,7 +56,11 @@ def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
         return out
     except FlightrecError as exc:
         return _refused(rank, str(exc))
-    except (OSError, RecursionError, MemoryError) as exc:
+    except OSError as exc:
+        # (the file is there and this user can't read it, or the disk failed under it: a collection problem, not
+        # a rank that left no dump)
+        return _refused(rank, f"{path}: could not be read ({exc.strerror or type(exc).__name__})", unreadable=True)
+    except (RecursionError, MemoryError) as exc:
         return _refused(rank, f"{path}: could not be read ({type(exc).__name__}: {exc})")
 
 
@@ -159,9 +163,9 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
     return parts
 
 
-def _refused(rank: int, reason: str) -> dict:
+def _refused(rank: int, reason: str, unreadable: bool = False) -> dict:
     meta = {"rank": rank, "version": None, "backend": None, "comm_lib_version": None, "entry_count": 0,
-            "problems": [reason], "format": None, "loaded": False}
+            "problems": [reason], "format": None, "loaded": False, "unreadable": unreadable}
     return {"metas": [meta], "entries": None, "pg_config": [], "rank_lists": {}, "pg_status": [], "stacks": {}}
 
 

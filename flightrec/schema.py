@@ -8,8 +8,8 @@ from __future__ import annotations
 import polars as pl
 
 REPORT_VERSION = 1
-# bumped whenever reading a file gives another table (10: dtypes as text, new ops, any-source receives, mtimes)
-CACHE_FORMAT_VERSION = 10
+# bumped whenever reading a file gives another table (11: dtypes as text, new ops, any-source receives, mtimes, unreadable files)
+CACHE_FORMAT_VERSION = 11
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
@@ -81,7 +81,11 @@ DUMPS = pl.Schema({
     "problems": pl.List(pl.String),
     "writer": pl.Enum(["pytorch", "c10d_hook", "torchcomms"]),   # who wrote it (`writers`)
     "mtime_ns": pl.Int64,        # the file's modification time (`dump_times`: when it was written, if kept)
+    "unreadable": pl.Boolean,    # the file is there and could not be read (permissions, an I/O error): not refused
 })
+
+# Folders under the dump folder that could not be listed: any dumps in them were not read
+UNLISTED = pl.Schema({"path": pl.String, "reason": pl.String})
 
 ENTRIES = pl.Schema({
     "rank": pl.Int64,
