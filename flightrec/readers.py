@@ -270,7 +270,26 @@ def parse_dump_bytes(data: bytes, source: str) -> tuple[dict, str]:
     else:
         raise DumpFormatError(f"{source}: not a flight-recorder dump: a dump is a pickle or a JSON object")
     if isinstance(obj, list):  # torch 2.2 pickled the bare entry list, with no version or groups
+        if obj and not any(isinstance(e, dict) and _ENTRY_KEYS_ANY & e.keys() for e in obj[:16]):
+            raise DumpFormatError(f"{source}: not a flight-recorder dump: a list of {len(obj)} "
+                                  f"{_kinds(obj)}, not of recorded entries (torch 2.2's bare list of entries)")
         obj = {"version": "1.0", "entries": obj}
     if not isinstance(obj, dict):
-        raise DumpFormatError(f"{source}: the dump is a {type(obj).__name__}, expected a dict with 'entries'")
+        raise DumpFormatError(f"{source}: not a flight-recorder dump: a {type(obj).__name__}, where a dump is a "
+                              "dict with 'version', 'pg_config', 'pg_status' and 'entries'")
+    if not _TOP_KEYS_ANY & obj.keys() and not obj.get("_truncated"):
+        keys = ", ".join(sorted(map(str, obj))[:5]) or "none"
+        raise DumpFormatError(f"{source}: not a flight-recorder dump: a dict with none of the recorder's keys "
+                              f"('version', 'pg_config', 'pg_status', 'entries'); its keys: {keys}")
     return obj, fmt
+
+
+# (a dump has one of these at its top, an entry one of these: what tells a dump from another pickle or JSON)
+_TOP_KEYS_ANY = frozenset({"version", "pg_config", "pg_status", "entries", "comm_lib_version", "nccl_version"})
+_ENTRY_KEYS_ANY = frozenset({"profiling_name", "record_id", "collective_seq_id", "seq_id", "process_group"})
+
+
+def _kinds(items: list) -> str:
+    """'ints', 'dicts', 'str and int values': what a list holds, for a message."""
+    names = sorted({type(x).__name__ for x in items[:16]})
+    return (f"{names[0]}s" if len(names) == 1 else " and ".join(names) + " values")
