@@ -18,7 +18,7 @@ from .locate import Location, locate
 from .match import Matching, match, written_only_active
 from .parse_pool import paused_gc
 from .report import DumpSummary, Finding, Report
-from .rootcause import diagnose
+from .rootcause import diagnose, without_path
 from .timing import TimingOptions, TimingResult, analyze_timing
 from .timing import findings as timing_to_findings
 from .topology import Topology, resolve
@@ -116,6 +116,32 @@ def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
     return Diagnosis(w, loc, timing, verdict, summary, findings, timing_findings)
 
 
+def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
+    """What was read: loaded, refused (not a dump, or damaged past reading) and unreadable (there, and this user or
+    the disk could not read it: a file, or a folder that could not be listed)."""
+    loaded = trace.dumps.filter(pl.col("loaded"))
+    failed = trace.dumps.filter(~pl.col("loaded"))
+    unreadable = pl.col("unreadable").fill_null(False)
+
+    def reasons(frame: pl.DataFrame) -> list[dict]:
+        return [{"path": trace.relative(p), "reason": "; ".join(without_path(x, p, trace.root) for x in r),
+                 "rank": rank} for p, r, rank in frame.select("path", "problems", "rank").iter_rows()]
+
+    return DumpSummary(
+        world_size=trace.world_size,
+        loaded=loaded.height,
+        missing_ranks=trace.missing_ranks,
+        versions=sorted(v for v in loaded["version"].drop_nulls().unique().to_list()),
+        refused=[{k: v for k, v in r.items() if k != "rank"} for r in reasons(failed.filter(~unreadable))],
+        unreadable=reasons(failed.filter(unreadable)) + [
+            {"path": trace.relative(p), "reason": why, "rank": None}
+            for p, why in trace.unlisted.select("path", "reason").iter_rows()],
+        host_source=topo.source,
+        only_active=written_only_active(trace.dumps),
+        writers=dict(loaded.group_by(pl.col("writer").cast(pl.String)).len().sort("writer").iter_rows()),
+    )
+
+
 def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kwargs) -> Report:
     """Load every dump under `path`, match collectives, follow the waits and name the root cause.
 
@@ -165,21 +191,9 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     if verdict == "healthy" and timing_findings:
         summary += f"; warning: {timing_findings[0].message}"
 
-    loaded = trace.dumps.filter(pl.col("loaded"))
-    refused = trace.dumps.filter(~pl.col("loaded"))
-    dumps = DumpSummary(
-        world_size=trace.world_size,
-        loaded=loaded.height,
-        missing_ranks=trace.missing_ranks,
-        versions=sorted(v for v in loaded["version"].drop_nulls().unique().to_list()),
-        refused=[{"path": trace.relative(p), "reason": "; ".join(r).replace(str(trace.root).rstrip("/") + "/", "")}
-                 for p, r in refused.select("path", "problems").iter_rows()],
-        host_source=topo.source,
-        only_active=written_only_active(trace.dumps),
-        writers=dict(loaded.group_by(pl.col("writer").cast(pl.String)).len().sort("writer").iter_rows()),
-    )
-    if refused.height:
-        warnings.warn(f"{refused.height} dump file(s) could not be read; see the report's 'dumps.refused'",
+    dumps = dump_summary(trace, topo)
+    if dumps.refused:
+        warnings.warn(f"{len(dumps.refused)} file(s) refused as no dump; see the report's 'dumps.refused'",
                       stacklevel=2)
     scope = None
     if options.pg is not None:

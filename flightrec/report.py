@@ -69,6 +69,9 @@ class DumpSummary:
     missing_ranks: list[int]
     versions: list[str]
     refused: list[dict[str, str]] = field(default_factory=list)
+    # files there that could not be read (permissions, an I/O error), and folders that could not be listed:
+    # [{"path", "reason", "rank" (None for a folder)}]
+    unreadable: list[dict] = field(default_factory=list)
     host_source: str = "none"
     # the job's writer kept only unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): nothing finished to compare or time
     only_active: bool = False
@@ -135,6 +138,7 @@ class Report:
                 "missing_ranks": self.dumps.missing_ranks,
                 "versions": self.dumps.versions,
                 "refused": self.dumps.refused,
+                "unreadable": self.dumps.unreadable,
                 "host_source": self.dumps.host_source,
                 "only_active": self.dumps.only_active,
                 "writers": self.dumps.writers,
@@ -173,7 +177,9 @@ class Report:
         if d.missing_ranks:
             text += f"; missing: ranks {format_ranks(d.missing_ranks)}"
         if d.refused:
-            text += f"; {len(d.refused)} file(s) refused"
+            text += f"; {len(d.refused)} file(s) refused as no dump"
+        if d.unreadable:
+            text += f"; {len(d.unreadable)} unreadable"
         if d.only_active:
             text += ("; written with only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): how far each rank got "
                      "is read from its pg_status, and no finished collective is left to compare shapes or times with")
@@ -240,6 +246,11 @@ class Report:
 def _evidence_lines(f: Finding) -> list[tuple[str, str]]:
     out = []
     for key, value in f.evidence.items():
+        if isinstance(value, str) and value and value in f.message:
+            continue   # (said in the message already: each thing once)
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value) and all(
+                v in f.message for v in value):
+            continue
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             value = format_ranks(value)
         elif isinstance(value, list):

@@ -5,6 +5,7 @@ Loops here run over the few findings (roots, divergent groups, cycles), never ov
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import replace
 from functools import cached_property
@@ -1017,6 +1018,51 @@ def _behind_while_running(f: Finding, waited: Waited) -> Finding:
                    evidence={**f.evidence, "longest_wait_ms": waited.longest_ms})
 
 
+def without_path(problem: str, path: str, root: str) -> str:
+    """A file's problem as said beside the file's name: without the path its reader began it with."""
+    relative = os.path.relpath(path, root) if os.path.isdir(root) else os.path.basename(path)
+    for prefix in (f"{path}: ", f"{relative}: "):
+        if problem.startswith(prefix):
+            return problem[len(prefix):]
+    return problem.replace(str(root).rstrip("/") + "/", "")
+
+
+def _without_unreadable(ctx: _Context, roots: list[Finding]) -> tuple[list[Finding], Finding | None]:
+    """Dumps that are there and could not be read (permissions, an I/O error; or in a folder that could not be
+    listed) are no rank that left no dump: the root causes that rest on them (a `missing_dump` of their ranks)
+    are taken out, and one `unreadable` finding says which files, why, and to collect them again. It is a root
+    cause where it replaced one (naming no culprit: nobody is to be drained for it), else a warning."""
+    unread = set(ctx.trace.unreadable_ranks)
+    files = ctx.trace.dumps.filter(pl.col("unreadable").fill_null(False))
+    if not unread and ctx.trace.unlisted.height == 0:
+        return roots, None
+    kept, rested = [], []
+    for f in roots:
+        if f.kind == "missing_dump" and set(f.ranks) & unread:
+            rested.append(f)
+        else:
+            kept.append(f)
+    where = [(ctx.trace.relative(p), r) for p, r in ctx.trace.unlisted.select("path", "reason").iter_rows()]
+    where += [(ctx.trace.relative(p), (problems[0].rsplit("(", 1)[-1].rstrip(")") if problems else "unreadable"))
+              for p, problems in files.select("path", "problems").iter_rows()]
+    shown = "; ".join(f"{p}: {why}" for p, why in where[:3]) + (f"; ... ({len(where)} in all)" if len(where) > 3 else "")
+    ranks = sorted(unread)
+    what = (f"the dump of {ctx.ranks_label(ranks)}" if len(ranks) == 1 else
+            f"the dumps of {ctx.ranks_label(ranks)}" if ranks else "some dumps")
+    if rested:
+        waiting = len(ctx.w.waiters_of(ranks))
+        msg = (f"{what} could not be read ({shown}), and {_n_wait(waiting)} on {'it' if len(ranks) == 1 else 'them'}: "
+               "collect them again, readable by this user, and analyze again")
+        role = "root_cause"
+    else:
+        msg = f"{what} could not be read ({shown}): collect them again to analyse the whole job"
+        role = "warning"
+        waiting = 0
+    return kept, Finding(kind="unreadable", role=role, message=msg,
+                         evidence={"unreadable_ranks": ranks, "paths": [{"path": p, "reason": r} for p, r in where],
+                                   "waiting_ranks": waiting})
+
+
 def _switch_findings(ctx: _Context, roots: list[Finding]) -> list[Finding]:
     """With a topology file: when every host under one leaf switch is implicated, the switch is the suspect."""
     if not ctx.topo.switch_of:
@@ -1052,7 +1098,10 @@ def _symptom_findings(ctx: _Context, culprits: set[int]) -> list[Finding]:
     out = []
     for desc, ranks, n_groups, kind in per.iter_rows():
         label = f"desc '{desc}'" if desc else "unnamed groups"
-        how = {"behind": "for members that have not joined", "missing": "for members that left no dump",
+        unread = set(ctx.trace.unreadable_ranks)
+        lost = ("whose dumps could not be read" if unread and set(ctx.trace.missing_ranks) <= unread
+                else "with no dump read" if unread else "that left no dump")
+        how = {"behind": "for members that have not joined", "missing": f"for members {lost}",
                "p2p": "for a send/recv peer"}[kind]
         out.append(Finding(
             kind="waiting", role="symptom", ranks=ranks,
@@ -1150,10 +1199,12 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
         out.append(Finding(kind="mixed_versions", role="warning",
                            message=f"dumps come from different recorder versions ({', '.join(versions)}): a partial "
                                    "PyTorch rollout? Analysed together.", evidence={"versions": versions}))
-    with_problems = ctx.trace.dumps.filter(pl.col("problems").list.len() > 0).select("path", "problems")
-    for path, problems in with_problems.iter_rows():
-        path = ctx.trace.relative(path)
-        problems = [p.replace(ctx.trace.root.rstrip("/") + "/", "") for p in problems]
+    # (an unreadable file is the `unreadable` finding's: said once)
+    with_problems = (ctx.trace.dumps.filter((pl.col("problems").list.len() > 0) & ~pl.col("unreadable").fill_null(False))
+                     .select("path", "problems"))
+    for full, problems in with_problems.iter_rows():
+        path = ctx.trace.relative(full)
+        problems = [without_path(p, full, ctx.trace.root) for p in problems]
         out.append(Finding(kind="dump_problem", role="warning", message=f"{path}: {'; '.join(problems)}",
                            evidence={"path": path, "problems": problems}))
     later = ctx.m.divergences.filter(pl.col("later_mismatches") > 0)
@@ -1228,6 +1279,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
         live += [_behind_while_running(f, waited) for f in roots if f.kind == "not_joined"]
         roots = [f for f in roots if f.kind != "not_joined"]
 
+    roots, unreadable = _without_unreadable(ctx, roots)
     findings = [f for f in roots if f.role == "root_cause"] + [f for f in stuck_findings if f.role == "root_cause"]
     findings += _switch_findings(ctx, findings)
     culprits = {r for f in findings for r in f.ranks}
@@ -1237,10 +1289,16 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     symptoms = [f for f in stuck_findings if f.role == "symptom"] + waiting
     if ctx.held_in_transfers:
         symptoms.insert(len(symptoms) if ctx.held_beside_cause else 0, _held_in_transfers_finding(ctx))
-    reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks}
+    reported_missing = {r for f in findings if f.kind == "missing_dump" for r in f.ranks} | set(trace.unreadable_ranks)
     warnings = _warning_findings(ctx, reported_missing, explained, culprits, stuck)
+    if unreadable is not None:
+        if unreadable.role == "root_cause":
+            findings.insert(0, unreadable)
+        else:
+            warnings.insert(0, unreadable)
     no_entries = _no_entries_finding(trace)
-    named = any(f.role == "root_cause" for f in findings)
+    named = any(f.role == "root_cause" and (f.ranks or f.hosts or f.links) for f in findings)
+    recollect = unreadable is not None and unreadable.role == "root_cause"
     # (said where the world was read from the groups, as that is a reading; and where nothing is named, or a
     # host or link is named from groups stuck in flight: a lost last host may be what those dumps leave
     # unexplained, or what their groups wait on)
@@ -1259,9 +1317,13 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
                      "groups they recorded nothing in (a group used only for sends and receives, or never used): a "
                      "hang in a send or receive would not show in these dumps"),
             evidence={"ranks": unrecorded_groups}))
-    if named:
+    if recollect and not named:
+        verdict = "inconclusive"
+        summary = "INCONCLUSIVE: " + unreadable.message
+    elif named:
         verdict = "fault"
-        summary = "FAULT: " + findings[0].message
+        summary = "FAULT: " + next(f for f in findings if f.role == "root_cause" and (f.ranks or f.hosts or f.links)
+                                   ).message
         if len([f for f in findings if f.role == "root_cause"]) > 1:
             summary += f" (+{len([f for f in findings if f.role == 'root_cause']) - 1} more root cause(s))"
     elif live and not symptoms and not trace.missing_ranks:
