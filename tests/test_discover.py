@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.discover import discover
-from flightrec.errors import NoDumpsError
+from flightrec.errors import MultipleJobsError, NoDumpsError
 
 
 def touch(path, data=b"\x80\x02}q\x00."):
@@ -66,12 +66,37 @@ def test_explicit_prefix_filters_other_files(tmp_path):
 
 
 def test_two_files_for_one_rank_keep_newer(tmp_path):
+    """One rank's dump written twice in one folder (a pickle and its gzip): the newer is read, and said."""
     touch(tmp_path / "a" / "rank_3")
-    touch(tmp_path / "b" / "rank_3")
+    touch(tmp_path / "a" / "rank_3.gz")
     os.utime(tmp_path / "a" / "rank_3", ns=(1, 1))
     with pytest.warns(UserWarning, match="two dumps claim rank 3"):
         files = discover(tmp_path)
-    assert [Path(f.path).parent.name for f in files] == ["b"]
+    assert [Path(f.path).name for f in files] == ["rank_3.gz"]
+
+
+def test_two_folders_claiming_the_same_ranks_are_two_jobs(tmp_path):
+    """`flightrec analyze fixtures`: folders whose ranks overlap are jobs of their own, listed, with the command
+    that analyses one; per-host folders (ranks apart) stay one job."""
+    for r in range(4):
+        touch(tmp_path / "run1" / f"rank_{r}")
+        touch(tmp_path / "run2" / "node0" / f"rank_{r}")
+        touch(tmp_path / "run2" / "node1" / f"rank_{r + 4}")
+    with pytest.raises(MultipleJobsError) as err:
+        discover(tmp_path)
+    text = str(err.value)
+    assert "2 jobs" in text and "run1: ranks 0-3 (4 dumps)" in text and "run2: ranks 0-7 (8 dumps)" in text
+    assert f"flightrec analyze {tmp_path / 'run1'}" in text
+    assert len(discover(tmp_path / "run2")) == 8
+
+
+def test_two_writers_files_in_one_folder_are_two_jobs(tmp_path):
+    for r in range(2):
+        touch(tmp_path / f"nccl_trace_rank_{r}")
+        touch(tmp_path / f"comm_lib_trace_rank_{r}")
+    with pytest.raises(MultipleJobsError, match="--prefix comm_lib_trace_rank_"):
+        discover(tmp_path)
+    assert len(discover(tmp_path, prefix="nccl_trace_rank_")) == 2
 
 
 def test_no_dumps_is_a_clear_error(tmp_path):

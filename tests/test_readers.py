@@ -50,7 +50,7 @@ def test_json_and_gzip(tmp_path):
     (b"42\n", "not a flight-recorder dump.*starts with b'42'"),
     (pickle.dumps({"entries": list(range(100))})[:-20], "no complete entry before the cut"),
     (b"{not json", "not valid JSON"),
-    (pickle.dumps("text"), "expected a dict"),
+    (pickle.dumps("text"), "not a flight-recorder dump: a str"),
 ])
 def test_bad_files_raise_format_errors(tmp_path, data, match):
     path = tmp_path / "rank_0"
