@@ -12,6 +12,7 @@ import polars as pl
 
 from .errors import FlightrecError, require_count
 from .load import LoadOptions, Trace, load
+from .actions import headline, summary_line, with_actions
 from .dump_times import TRIGGERS, Waited, dump_moments, waited
 from .gpu_position import unit_pending
 from .locate import Location, locate
@@ -187,9 +188,10 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
                                                                                      options.trigger)
     # (the caveats that hold whatever else is found come after what was found)
     caveats = [f for f in findings if f.kind == "world_size_unknown"]
-    findings = [f for f in findings if f.kind != "world_size_unknown"] + timing_findings + caveats
+    findings = with_actions([f for f in findings if f.kind != "world_size_unknown"] + timing_findings + caveats)
+    summary = summary_line(verdict, findings, summary)
     if verdict == "healthy" and timing_findings:
-        summary += f"; warning: {timing_findings[0].message}"
+        summary += f"; warning: {headline(timing_findings[0])}"
 
     dumps = dump_summary(trace, topo)
     if dumps.refused:

@@ -188,8 +188,8 @@ def _self_inconsistent(units: pl.DataFrame, firsts: pl.DataFrame) -> pl.DataFram
     return u.group_by("group", "collective_seq_id").agg(
         pl.col("rank").filter(~pl.col("_ok")).sort().alias("_bad"),
         (pl.col("_ok").any() | (pl.col("input_sizes").n_unique() == 1)).alias("_telling"),
-        pl.format("output {} for input {}", pl.col("output_sizes").cast(pl.String),
-                  pl.col("input_sizes").cast(pl.String)).filter(~pl.col("_ok")).first().alias("_bad_text"),
+        pl.format("{} -> {}", pl.col("input_sizes").cast(pl.String),
+                  pl.col("output_sizes").cast(pl.String)).filter(~pl.col("_ok")).first().alias("_bad_text"),
     ).with_columns(pl.when("_telling").then("_bad").otherwise(pl.lit([], pl.List(pl.Int64))).alias("_bad")
                    ).drop("_telling")
 

@@ -12,9 +12,7 @@ from typing import Any
 from .load import format_ranks
 from .schema import REPORT_VERSION
 from .topology import NO_HOSTS_HINT
-
-ROLES = ("root_cause", "symptom", "warning")
-VERDICT_EXIT_CODES = {"healthy": 0, "fault": 1, "inconclusive": 1}
+from .vocab import VERDICT_EXIT_CODES, Action, FindingKind, Role, Verdict
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,15 @@ class Finding:
     op: str | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
     stacks: list[dict] = field(default_factory=list)   # frames of the culprits' last entries (text report)
+    action: str | None = None     # what to do (`actions.Action`): drain_host, check_link, fix_code, ...
+    next_step: str = ""           # the same, one line for a person
+
+    def __post_init__(self) -> None:
+        # (a kind or role outside the vocabulary would break the JSON contract: fail where it is made)
+        FindingKind(self.kind)
+        Role(self.role)
+        if self.action is not None:
+            Action(self.action)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +65,8 @@ class Finding:
             "p2p_seq_id": self.p2p_seq_id,
             "op": self.op,
             "message": self.message,
+            "action": self.action or "none",
+            "next_step": self.next_step,
             "evidence": self.evidence,
         }
 
@@ -111,17 +120,36 @@ class Report:
 
     @property
     def culprits(self) -> dict[str, list]:
+        """Every root cause's ranks, hosts, links and switches; and by what to do about them: the hosts whose
+        hardware failed (drain them), the links to test, the ranks whose process to look at, the ranks that ran
+        other code (a bug: no host to drain)."""
         roots = self.root_causes
+
+        def of(*actions: str) -> list[Finding]:
+            return [f for f in roots if f.action in actions]
+
         return {
             "ranks": sorted({r for f in roots for r in f.ranks}),
             "hosts": sorted({h for f in roots for h in f.hosts}),
             "links": sorted({tuple(sorted(link)) for f in roots for link in f.links}),
             "switches": sorted({f.evidence["switch"] for f in roots if f.kind == "switch"}),
+            "hosts_to_drain": sorted({h for f in of("drain_host") for h in f.hosts}),
+            "links_to_check": sorted({tuple(sorted(link)) for f in of("check_link") for link in f.links}),
+            "ranks_to_inspect": sorted({r for f in of("inspect_process") for r in f.ranks}),
+            "ranks_with_other_code": sorted({r for f in of("fix_code") for r in f.ranks}),
         }
 
     @property
+    def next_step(self) -> str:
+        """What to do first, one line: the first root cause's next step, else the first finding's that has one."""
+        for f in [*self.root_causes, *self.findings]:
+            if f.next_step:
+                return f.next_step
+        return ""
+
+    @property
     def exit_code(self) -> int:
-        return VERDICT_EXIT_CODES[self.verdict]
+        return VERDICT_EXIT_CODES[Verdict(self.verdict)]
 
     def to_dict(self) -> dict[str, Any]:
         c = self.culprits
@@ -129,8 +157,9 @@ class Report:
             "report_version": REPORT_VERSION,
             "verdict": self.verdict,
             "summary": self.summary,
-            "culprits": {"ranks": c["ranks"], "hosts": c["hosts"], "links": [list(x) for x in c["links"]],
-                         "switches": c["switches"]},
+            "next_step": self.next_step,
+            "culprits": {**c, "links": [list(x) for x in c["links"]],
+                         "links_to_check": [list(x) for x in c["links_to_check"]]},
             "findings": [f.to_dict() for f in self.findings],
             "dumps": {
                 "world_size": self.dumps.world_size,
@@ -149,8 +178,10 @@ class Report:
     # ------------------------------------------------------------------------------------------ text
 
     def to_text(self) -> str:
-        lines = [self.summary, ""]
-        lines.append(self._dumps_line())
+        lines = [self.summary]
+        if self.next_step:
+            lines.append(f"Next step: {self.next_step}")
+        lines += ["", self._dumps_line()]
         for title, role in (("Root cause", "root_cause"), ("Symptoms", "symptom"), ("Warnings", "warning")):
             found = [f for f in self.findings if f.role == role]
             if not found:
@@ -158,6 +189,8 @@ class Report:
             lines += ["", f"{title}:"]
             for f in found:
                 lines.append(f"  [{f.kind}] {f.message}")
+                if f.role == "root_cause" and f.next_step and f.next_step != self.next_step:
+                    lines.append(f"      next step: {f.next_step}")
                 for key, value in _evidence_lines(f):
                     lines.append(f"      {key}: {value}")
         stacks = [(f, s) for f in self.root_causes for s in f.stacks]
@@ -189,13 +222,18 @@ class Report:
                      "the others)")
         if d.host_source == "none" and d.world_size > 1:
             text += f"; {NO_HOSTS_HINT}"
+        if d.host_source == "one host folder":
+            text += "; all in one host's folder (if the job had more hosts, their dumps are not here)"
         if d.host_source == "ranks per host":
             text += ("; host names are numbered from --ranks-per-host (host<k> holds the k-th run of ranks), not "
                      "read from the job: map them to real hosts before draining")
         return text
 
     def to_markdown(self) -> str:
-        lines = [f"## flightrec: {self.verdict.upper()}", "", f"**{self.summary}**", "", self._dumps_line(), ""]
+        lines = [f"## flightrec: {self.verdict.upper()}", "", f"**{self.summary}**", ""]
+        if self.next_step:
+            lines += [f"Next step: {self.next_step}", ""]
+        lines += [self._dumps_line(), ""]
         c = self.culprits
         if any(c.values()):
             lines += ["| culprit | value |", "|---|---|"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import polars as pl
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 # bumped whenever reading a file gives another table (11: dtypes as text, new ops, any-source receives, mtimes, unreadable files)
 CACHE_FORMAT_VERSION = 11
 

@@ -31,6 +31,8 @@ class Topology:
     host_of: dict[int, str] = field(default_factory=dict)
     switch_of: dict[str, str] = field(default_factory=dict)
     source: str = "none"
+    # the one host folder every dump read sits in (no placement to judge by: one host), where that is so
+    only_host: str | None = None
 
     def hosts(self, ranks) -> list[str]:
         return sorted({self.host_of[r] for r in ranks if r in self.host_of})
@@ -120,8 +122,9 @@ def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str
     filled = _fill_missing_hosts(dict(from_dumps), world_size)
     # (one host holding every rank tells no placement: the lone folder a whole job's dumps sit in, which
     # `discover` takes for the one host left of a per-host layout, may as well be a run's)
+    only_host = None
     if len(set(filled.values())) == 1 and set(filled) >= set(range(world_size)):
-        filled = {}
+        only_host, filled = next(iter(filled.values())), {}
     if filled:
         if ranks_per_host:
             warnings.warn(f"--ranks-per-host {ranks_per_host} ignored: the dumps' folders or names say each rank's "
@@ -133,7 +136,7 @@ def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str
         width = len(str(max(0, (world_size - 1) // ranks_per_host)))
         return Topology({r: f"host{r // ranks_per_host:0{width}d}" for r in range(world_size)}, switch_of,
                         "ranks per host")
-    return Topology({}, switch_of, "none")
+    return Topology({}, switch_of, "one host folder" if only_host else "none", only_host)
 
 
 _NUMBERED = re.compile(r"^(?P<stem>.*?)(?P<num>\d+)$")

@@ -37,7 +37,9 @@ def test_analyze_json_fault(runner, hung):
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert data["verdict"] == "fault"
-    assert data["culprits"] == {"ranks": [6], "hosts": ["node00001"], "links": [], "switches": []}
+    assert data["culprits"] == {"ranks": [6], "hosts": ["node00001"], "links": [], "switches": [],
+                                "hosts_to_drain": [], "links_to_check": [], "ranks_to_inspect": [6],
+                                "ranks_with_other_code": []}
     assert "Traceback" not in result.stderr
 
 
@@ -190,7 +192,9 @@ def test_per_host_shards_analysed_from_parquet_only(runner, make_job, tmp_path):
         assert result.exit_code == 0, result.stderr
     assert not list(shards.rglob("nccl_trace_rank_*"))
     data = json.loads(runner.invoke(main, ["analyze", str(shards), "-f", "json"]).stdout)
-    assert data["culprits"] == {"ranks": [9], "hosts": ["node00002"], "links": [], "switches": []}
+    assert data["culprits"] == {"ranks": [9], "hosts": ["node00002"], "links": [], "switches": [],
+                                "hosts_to_drain": [], "links_to_check": [], "ranks_to_inspect": [9],
+                                "ranks_with_other_code": []}
     assert data["dumps"]["loaded"] == 16
 
 

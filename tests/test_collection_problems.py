@@ -42,9 +42,10 @@ def test_a_culprits_dump_this_user_cant_read_names_no_culprit_and_asks_to_collec
     with _denied("nccl_trace_rank_2", "open"):
         report = _analyze(FIXTURES / "skip_collective")
     assert report.verdict == "inconclusive", report.summary
-    assert report.culprits == {"ranks": [], "hosts": [], "links": [], "switches": []}
+    assert report.exit_code == 3 and not any(report.culprits.values()), report.culprits
     first = report.findings[0]
-    assert first.kind == "unreadable" and "collect" in first.message and "Permission denied" in first.message
+    assert first.kind == "unreadable" and "Permission denied" in first.message
+    assert first.action == "recollect_dumps" and report.next_step.startswith("collect the dumps again")
     assert "left no dump" not in report.to_text()
     assert report.to_dict()["dumps"]["unreadable"] == [{"path": "nccl_trace_rank_2", "reason": "could not be read "
                                                         "(Permission denied)", "rank": 2}]

@@ -198,7 +198,8 @@ def test_the_culprits_own_dump_cut_short_still_names_it(make_job):
         warnings.simplefilter("ignore")
         report = analyze(out, use_cache=False, ranks_per_host=4)
     assert report.culprits["ranks"] == [5] and report.culprits["links"] == []
-    assert "cut short" in report.summary
+    assert "damaged dump" in report.summary and "cut short" in report.root_causes[0].message
+    assert report.root_causes[0].evidence["damaged_dumps"] == [5]
 
 
 @pytest.mark.parametrize("damage", ["cut", "no_entries", "no_dtypes", "no_shapes", "no_op_names"])

@@ -136,7 +136,8 @@ def test_dumps_written_without_entries_say_what_their_counters_can(tmp_path):
     (finding,) = [f for f in report.findings if f.kind == "no_entries"]
     assert finding.evidence == {"default_group": {"ranks_behind": [2], "enqueued_up_to": 8},
                                 "ranks_in_flight": [0, 1, 3], "idle": False}
-    assert "includeCollectives=False" in report.summary
+    assert "includeCollectives=False" in finding.message and "no entry" in report.summary
+    assert finding.action == "recollect_dumps"
 
 
 def test_only_active_dumps_of_a_job_with_nothing_in_flight_hold_no_entry(make_job):

@@ -57,6 +57,16 @@ def test_one_injected_fault_is_found_exactly(layout, data):
     assert report.root_causes[0].kind == expected_kind
 
 
+def test_the_first_backward_receive_of_a_pipeline_is_no_peer_mismatch():
+    """Found by the property above: one step of one microbatch, tp 4 x pp 3, rank 8 (last stage) never joins a tp
+    collective; rank 5 (the middle stage) waits in its first backward receive, from rank 9, a peer it had only
+    sent to. That is a pipeline's ordinary traffic, in no cycle of waits: the rank that stopped is named."""
+    layout = {"tp": 4, "pp": 3, "dp": 1, "steps": 1, "microbatches": 1, "timing": False, "buffer_size": 2000, "seed": 0}
+    report = _analyze(synth.Job(**layout, fault=synth.Fault(kind="not_joined", rank=8, phase="tp", delay_ms=605_000)))
+    assert report.culprits["ranks"] == [8], report.summary
+    assert [f for f in report.findings if "never_traded_with" in f.evidence] == []
+
+
 @SETTINGS
 @given(layouts(min_tp=2), st.data())
 def test_relabelling_ranks_relabels_the_answer(layout, data):

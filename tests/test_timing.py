@@ -37,7 +37,7 @@ def _run(make_job, kind, rank=0, hosts=(), phase="tp", delay_ms=150.0, **job):
 def test_straggler_rank(make_job):
     report = _run(make_job, "straggler", rank=3)
     assert _timing_findings(report) == [("straggler", [3], ["node00001"], [])]
-    assert report.verdict == "healthy" and "straggler" in report.summary
+    assert report.verdict == "healthy" and "straggles" in report.summary
     finding = next(f for f in report.findings if f.kind == "straggler")
     assert finding.role == "warning" and 140 < finding.evidence["median_late_ms"]
 
