@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from .report import Finding
 from .vocab import Action
+from .wording import listed
 
 
 def action_of(f: Finding) -> Action:
@@ -120,7 +121,7 @@ def _short(text: str, limit: int = 32) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    from .load import format_ranks   # (a formatting helper only)
+    from .load import format_ranks  # (a formatting helper only)
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks, limit=4)}"
 
 
@@ -129,11 +130,14 @@ def _who(f: Finding) -> str:
     if f.ranks:
         host = f" ({f.hosts[0]})" if len(f.hosts) == 1 else f" ({len(f.hosts)} hosts)" if f.hosts else ""
         return _ranks(f.ranks) + host
-    return ", ".join(f.hosts[:3]) + (", ..." if len(f.hosts) > 3 else "")
+    return listed(f.hosts, 3)
 
 
 def headline(f: Finding) -> str:
-    """A root cause in one short line, culprit first (at most HEADLINE_MAX characters): what a pager shows."""
+    """A finding in one short line, culprit first (at most HEADLINE_MAX characters): what a pager shows."""
+    if f.role != "root_cause":
+        text = _not_a_root_headline(f)
+        return text if len(text) <= HEADLINE_MAX else text[: HEADLINE_MAX - 3].rsplit(" ", 1)[0] + "..."
     ev, op, seq, where = f.evidence, f.op or "collective", f.collective_seq_id, _group(f)
     waiting = ev.get("waiting_ranks")
     wait = (f"; {waiting:,} rank{'s wait' if waiting != 1 else ' waits'} on {'it' if len(f.ranks) <= 1 else 'them'}"
@@ -221,16 +225,22 @@ def _not_a_root_headline(f: Finding) -> str:
             text += f"; {_count(ev['waiting_ranks'], 'rank')} wait on {'it' if len(ranks) == 1 else 'them'}"
     elif f.kind == "missing_dump" and ev.get("hosts_gone"):
         gone = ev["hosts_gone"]
-        text = (f"host{'s' if len(gone) != 1 else ''} {', '.join(gone[:3])}{', ...' if len(gone) > 3 else ''} "
-                f"left no dump ({_ranks(f.ranks)}): down, or not collected")
+        text = (f"host{'s' if len(gone) != 1 else ''} {listed(gone, 3)} "
+                f"left no dump{f' ({_ranks(f.ranks)})' if f.ranks else ''}: down, or not collected")
     elif f.kind == "missing_dump":
         text = f"{_ranks(f.ranks)} left no dump; nobody is provably waiting on {'it' if len(f.ranks) == 1 else 'them'}"
-    elif f.kind == "straggler" and "median_late_ms" in ev:
+    elif f.kind == "straggler" and "late_fraction" in ev:
         text = (f"{_who(f)} straggles: {ev['median_late_ms']:,.0f} ms late (median) on "
-                f"{ev.get('late_fraction', 0):.0%} of its collectives")
-    elif f.kind == "slow_link" and f.links:
-        a, b = f.links[0]
-        text = f"link {a} <-> {b} is slow" + (f" ({ev['ratio']:.1f}x its peers)" if ev.get("ratio") else "")
+                f"{ev['late_fraction']:.0%} of its collectives")
+    elif f.kind == "straggler" and "median_late_ms" in ev:
+        text = f"host {listed(f.hosts, 3)} straggles: its ranks {ev['median_late_ms']:,.0f} ms late (median)"
+    elif f.kind == "clock_offset":
+        text = (f"{_who(f)} reads {ev.get('median_late_ms', 0):,.0f} ms late, but nobody waits on it: its clock "
+                "is off, not a straggler")
+    elif f.kind == "slow_link":
+        where = (f"link {' <-> '.join(f.links[0])}" if f.links else f"host {listed(f.hosts, 3)}" if f.hosts
+                 else f"{_count(len(ev.get('slow_groups', [])), 'group')} (not narrowed to a host or link)")
+        text = f"{where} slow" + (f": {ev['ratio']:.1f}x its peers' time" if ev.get("ratio") else "")
     elif f.kind == "no_entries":
         text = "the dumps hold no entry (written without them): nothing to match"
     else:

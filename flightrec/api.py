@@ -10,16 +10,16 @@ from typing import Callable, NamedTuple
 
 import polars as pl
 
-from .errors import FlightrecError, require_count
-from .load import LoadOptions, Trace, load
 from .actions import headline, summary_line, with_actions
 from .dump_times import TRIGGERS, Waited, dump_moments, waited
+from .errors import DumpProblemWarning, FlightrecError, require_count
 from .gpu_position import unit_pending
+from .load import LoadOptions, Trace, load
 from .locate import Location, locate
 from .match import Matching, match, written_only_active
 from .parse_pool import paused_gc
 from .report import DumpSummary, Finding, Report
-from .rootcause import diagnose, without_path
+from .rootcause import NOTHING_WRONG, diagnose, without_path
 from .timing import TimingOptions, TimingResult, analyze_timing
 from .timing import findings as timing_to_findings
 from .topology import Topology, resolve
@@ -140,6 +140,7 @@ def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
         host_source=topo.source,
         only_active=written_only_active(trace.dumps),
         writers=dict(loaded.group_by(pl.col("writer").cast(pl.String)).len().sort("writer").iter_rows()),
+        empty_host_folders=list(trace.empty_hosts),
     )
 
 
@@ -191,12 +192,14 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     findings = with_actions([f for f in findings if f.kind != "world_size_unknown"] + timing_findings + caveats)
     summary = summary_line(verdict, findings, summary)
     if verdict == "healthy" and timing_findings:
-        summary += f"; warning: {headline(timing_findings[0])}"
+        # (the timing warning before the caveats, which the findings list anyway: one line stays short)
+        base, said, _caveats = summary.partition(NOTHING_WRONG)
+        summary = f"{base}{said}; warning: {headline(timing_findings[0])}"
 
     dumps = dump_summary(trace, topo)
     if dumps.refused:
         warnings.warn(f"{len(dumps.refused)} file(s) refused as no dump; see the report's 'dumps.refused'",
-                      stacklevel=2)
+                      DumpProblemWarning, stacklevel=2)
     scope = None
     if options.pg is not None:
         scope = {"pg": options.pg, "groups": int(m.progress["group"].n_unique()), "of_groups": trace.groups.height}

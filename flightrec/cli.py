@@ -19,7 +19,7 @@ import polars as pl
 
 from . import __version__
 from .api import AnalyzeOptions, analyze, run_match
-from .errors import FlightrecError
+from .errors import DumpProblemWarning, FlightrecError
 from .load import LoadOptions, load
 
 EXIT_USAGE = 2
@@ -98,6 +98,10 @@ hosts_option = click.option(
     help="rank -> host map: CSV 'rank,host' with a header, or JSON {\"rank\": \"host\"}.")
 ranks_per_host_option = click.option(
     "--ranks-per-host", type=click.IntRange(min=1), help="Hosts hold N consecutive ranks each.")
+
+
+table_format_option = click.option("-f", "--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+                                   show_default=True, help="Text for people, JSON for scripts.")
 
 
 @contextlib.contextmanager
@@ -202,9 +206,11 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
     \b
     Example:
       flightrec analyze /shared/fr_dumps/job1234 --ranks-per-host 8
-      flightrec analyze dumps/ --format json | jq -r '.culprits.hosts[]'
+      flightrec analyze dumps/ --trigger timeout --format json | jq -r '.culprits.hosts_to_drain[]'
     """
     _check_writable(output)
+    # (each dump's problems are findings in the report: said there, not on stderr too)
+    warnings.simplefilter("ignore", DumpProblemWarning)
     with _progress(quiet) as progress:
         report = analyze(dump_dir, AnalyzeOptions(
             load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
@@ -225,8 +231,9 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
 
 @main.command("load")
 @load_options
+@table_format_option
 @_guard
-def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet):
+def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     """Load the dumps and print what was found: ranks, entries, groups, versions, refused files.
 
     \b
@@ -235,7 +242,11 @@ def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet):
     """
     with _progress(quiet) as progress:
         trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, progress))
-    click.echo(trace.summary())
+    if fmt == "json":
+        from .views import as_json
+        click.echo(as_json(trace.summary_dict()), nl=False)
+    else:
+        click.echo(trace.summary())
 
 
 @main.command()
@@ -244,8 +255,9 @@ def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet):
 @click.option("--pg", help="Only the process group with this name or desc.")
 @click.option("--last", type=click.IntRange(min=1), default=20, show_default=True, help="Last N entries per rank.")
 @click.option("--around", type=int, help="Side by side across ranks: collectives seq-5..seq+5 in --pg.")
+@table_format_option
 @_guard
-def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, last, around):
+def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, last, around, fmt):
     """Print recorded entries, or compare ranks side by side around a sequence id.
 
     \b
@@ -256,16 +268,22 @@ def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, l
     from . import views
 
     trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
-    if around is not None:
+    if around is not None and fmt == "json":
+        frames = views.side_by_side_frames(trace, ranks=list(ranks), pg=pg, seq=around)
+        click.echo(views.as_json([{**label, "rows": wide} for label, wide in frames]), nl=False)
+    elif around is not None:
         click.echo(views.side_by_side(trace, ranks=list(ranks), pg=pg, seq=around))
+    elif fmt == "json":
+        click.echo(views.as_json(views.entries_frame(trace, ranks=list(ranks), pg=pg, last=last)), nl=False)
     else:
         click.echo(views.entries_table(trace, ranks=list(ranks), pg=pg, last=last))
 
 
 @main.command()
 @load_options
+@table_format_option
 @_guard
-def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet):
+def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     """Group ranks by the stack of their last unfinished entry.
 
     \b
@@ -275,13 +293,15 @@ def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet):
     from . import views
 
     trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
-    click.echo(views.stack_groups(trace))
+    click.echo(views.as_json(views.stack_groups_frame(trace)) if fmt == "json" else views.stack_groups(trace),
+               nl=fmt != "json")
 
 
 @main.command()
 @load_options
+@table_format_option
 @_guard
-def groups(dump_dir, prefix, world_size, no_cache, workers, quiet):
+def groups(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     """List process groups: size, desc, members and how far they got.
 
     \b
@@ -291,7 +311,10 @@ def groups(dump_dir, prefix, world_size, no_cache, workers, quiet):
     from . import views
 
     trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
-    click.echo(views.groups_table(trace, run_match(trace)))
+    if fmt == "json":
+        click.echo(views.as_json(views.groups_frame(trace, run_match(trace), ranks_as_text=False)), nl=False)
+    else:
+        click.echo(views.groups_table(trace, run_match(trace)))
 
 
 @main.command("cache")
@@ -356,20 +379,26 @@ def build_reader():
 @hosts_option
 @ranks_per_host_option
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per table.")
+@table_format_option
 @_guard
-def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, ranks_per_host, top):
+def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, ranks_per_host, top, fmt):
     """Lateness per rank and host (clock offsets removed), and slow groups, from the timestamps.
 
     \b
     Example:
       flightrec timing dumps/ --ranks-per-host 8
     """
-    from .timing import lateness_table
+    from .timing import lateness_dict, lateness_table
 
     report = analyze(dump_dir, AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
                                               hosts_file=hosts_file, ranks_per_host=ranks_per_host))
     # (a rank late once, past the timeout, is a root cause `analyze` names, not a straggler: a median hides it)
     late_joins = [f for f in report.root_causes if f.kind == "straggler"]
+    if fmt == "json":
+        from .views import as_json
+        click.echo(as_json({**lateness_dict(report.timing, top=top, late_joins=late_joins),
+                            "only_active": report.dumps.only_active}), nl=False)
+        return
     if report.dumps.only_active:
         click.echo("These dumps hold only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): nothing finished is "
                    "left to time, so lateness is read from the collectives in flight alone.\n")

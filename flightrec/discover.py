@@ -12,13 +12,14 @@ import os
 import re
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from .errors import MultipleJobsError, NoDumpsError
 from .schema import UNLISTED
+from .wording import listed
 
 # Compression or format suffixes people add after the rank: `rank_3.json`, `rank_3.pkl.gz`.
 _SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".bin")
@@ -145,18 +146,21 @@ class Found:
 
     files: list[DumpFile]
     unlisted: pl.DataFrame   # (schema.UNLISTED) path, reason
+    # host folders beside those holding dumps, named alike (`node1` beside `node0`), that hold none: hosts gone
+    empty_hosts: list[str] = field(default_factory=list)
 
 
 def discover_all(root: str | os.PathLike, prefix: str | None = None) -> Found:
-    """`discover`, and the folders under `root` that could not be listed (a dump in them is unreadable, not
-    missing)."""
+    """`discover`, the folders under `root` that could not be listed (a dump in them is unreadable, not
+    missing), and the host folders that hold no dump."""
     unlisted: list[tuple[str, str]] = []
-    files = discover(root, prefix, unlisted)
-    return Found(files, pl.DataFrame(unlisted, schema=UNLISTED, orient="row"))
+    empty_hosts: list[str] = []
+    files = discover(root, prefix, unlisted, empty_hosts)
+    return Found(files, pl.DataFrame(unlisted, schema=UNLISTED, orient="row"), empty_hosts)
 
 
 def discover(root: str | os.PathLike, prefix: str | None = None,
-             unlisted: list[tuple[str, str]] | None = None) -> list[DumpFile]:
+             unlisted: list[tuple[str, str]] | None = None, empty_hosts: list[str] | None = None) -> list[DumpFile]:
     """List dump files under `root` with their rank and host.
 
     Args:
@@ -198,26 +202,31 @@ def discover(root: str | os.PathLike, prefix: str | None = None,
         counts = Counter(c[1] for c in candidates)
         strays = [c for c in candidates if len(counts) > 1 and counts[c[1]] == 1 and not _starts_like_a_dump(c[0])]
         if strays:
-            names = ", ".join(os.path.basename(c[0]) for c in strays[:5]) + (", ..." if len(strays) > 5 else "")
+            names = listed((os.path.basename(c[0]) for c in strays), 5)
             warnings.warn(f"ignored {len(strays)} file(s) that end in a number but are no dump: {names}",
                           stacklevel=2)
             stray_paths = {c[0] for c in strays}
             candidates = [c for c in candidates if c[0] not in stray_paths]
     noteworthy = [p for p in skipped if _looks_binary_dump(p)]
     if candidates and noteworthy:
-        names = ", ".join(os.path.basename(p) for p in noteworthy[:5]) + (", ..." if len(noteworthy) > 5 else "")
-        warnings.warn(f"ignored {len(noteworthy)} file(s) whose name has no rank number: {names} "
-                      "(pass --prefix if they are dumps)", stacklevel=2)
+        names = listed((os.path.basename(p) for p in noteworthy), 5)
+        why = (f"that look like dumps but don't start with {prefix!r} and a rank number" if prefix is not None
+               else "whose name has no rank number (pass --prefix if they are dumps)")
+        warnings.warn(f"ignored {len(noteworthy)} file(s) {why}: {names}", stacklevel=2)
 
     if not candidates:
         if unlisted:
             raise NoDumpsError(f"{root}: no dump could be read: {len(unlisted)} folder(s) could not be listed "
                                f"({unlisted[0][0]}: {unlisted[0][1]}); fix their permissions, or run as a user who "
                                "can read them")
-        hint = f" starting with {prefix!r}" if prefix is not None else " whose name ends in a rank number"
+        if prefix is not None:
+            raise NoDumpsError(
+                f"{root}: no dump file's name is {prefix!r} and a rank number; check the prefix (the file name "
+                "TORCH_FR_DUMP_TEMP_FILE gave, without the rank), or leave out --prefix to take any name ending in "
+                "a rank number")
         raise NoDumpsError(
-            f"{root}: no dump files{hint}; check the path, or pass --prefix with the file-name prefix your "
-            "job used (TORCH_FR_DUMP_TEMP_FILE)"
+            f"{root}: no dump files whose name ends in a rank number; check the path, or pass --prefix with the "
+            "file-name prefix your job used (TORCH_FR_DUMP_TEMP_FILE)"
         )
 
     # Host from the name: the part of the prefix before what all prefixes share, when it differs per file.
@@ -235,6 +244,10 @@ def discover(root: str | os.PathLike, prefix: str | None = None,
     lone_host = None if folder_is_host else _lone_host_folder(root, folders, [c[2] for c in candidates])
 
     _one_job(root, candidates)
+    if empty_hosts is not None and (folder_is_host or lone_host):
+        unlisted_paths = {path for path, _ in unlisted or []}
+        level = host_level if folder_is_host else len(root.parts)
+        empty_hosts += _empty_host_folders(folders, level, unlisted_paths)
     files = []
     host_of_folder: dict[str, str | None] = {}
     for path, name_prefix, rank, stat, folder in candidates:
@@ -339,6 +352,27 @@ def _span(ranks: set[int]) -> str:
 # (`attempt_1/` with ranks 8-15 of 16), not the one host left.
 _RUN_FOLDER_WORDS = frozenset({"attempt", "run", "retry", "restart", "try", "trial", "step", "iter", "iteration",
                                "epoch", "job", "rank", "ranks", "dump", "dumps", "trace", "traces", "v", "version"})
+
+
+def _empty_host_folders(folders: set[str], host_level: int, unlisted: set[str]) -> list[str]:
+    """Folders beside the host folders (`node1` beside `node0`, same name but the number) that hold no dump: a
+    host whose ranks wrote nothing there, down or not collected. (Only names alike: `logs/` beside `node0/` is
+    no host.) A folder that could not be listed is unreadable, not empty."""
+    hosts = {Path(f).parts[: host_level + 1] for f in folders if len(Path(f).parts) > host_level}
+    stems = {re.sub(r"\d+$", "", parts[-1]) for parts in hosts}
+    names = {parts[-1] for parts in hosts}
+    found = []
+    for parent in sorted({Path(*parts[:-1]) for parts in hosts}):
+        try:
+            with os.scandir(parent) as it:
+                siblings = sorted(e.name for e in it if e.is_dir() and not e.name.startswith("."))
+        except OSError:
+            continue
+        for name in siblings:
+            if (name not in names and str(parent / name) not in unlisted and re.search(r"\d+$", name)
+                    and re.sub(r"\d+$", "", name) in stems):
+                found.append(name)
+    return found
 
 
 def _lone_host_folder(root: Path, folders: set[str], ranks: list[int]) -> str | None:

@@ -27,6 +27,11 @@ class HostMapError(FlightrecError):
     """The rank -> host mapping given by the user could not be read."""
 
 
+class DumpProblemWarning(UserWarning):
+    """A dump read with a problem (cut short, fields unreadable, refused as no dump). `analyze` reports these as
+    findings, so its CLI does not print them again on stderr."""
+
+
 def require_count(name: str, value: object) -> None:
     """An option that counts something (ranks, workers) given as 0 or less: the API's twin of click's
     `IntRange(min=1)` on the command line, where a 0 would otherwise read as "not given"."""

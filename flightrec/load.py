@@ -22,7 +22,7 @@ import pyarrow as pa
 from . import cache as _cache
 from . import lookup, parse_pool, writers
 from .discover import DumpFile, discover, discover_all
-from .errors import FlightrecError, MultipleJobsError, NoDumpsError, require_count
+from .errors import DumpProblemWarning, FlightrecError, MultipleJobsError, NoDumpsError, require_count
 from .inferred_groups import inferred_groups, place_rolled_out_members, unseen_ranks
 from .one_chunk import raw_values
 from .schema import (
@@ -43,6 +43,7 @@ from .schema import (
     reports_completion,
 )
 from .shards import find_shards, read_shards
+from .wording import listed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +112,8 @@ class Trace:
     world_size_from: str = "declared"
     # folders under `root` that could not be listed (schema.UNLISTED): dumps in them were not read
     unlisted: pl.DataFrame = field(default_factory=lambda: empty(UNLISTED))
+    # host folders beside the ones holding dumps, named alike, with no dump in them (`discover.Found.empty_hosts`)
+    empty_hosts: list[str] = field(default_factory=list)
 
     def select_groups(self, pg: str | None) -> pl.DataFrame:
         """The groups whose name, desc or identity is `pg` (all groups for None).
@@ -123,7 +126,7 @@ class Trace:
         keep = self.groups.filter((pl.col("pg_name") == pg) | (pl.col("pg_desc") == pg) | (pl.col("group") == pg))
         if keep.height == 0:
             names = sorted({*self.groups["pg_desc"].drop_nulls().to_list(), *self.groups["pg_name"].to_list()})
-            raise FlightrecError(f"no process group is named or described {pg!r}; known: {', '.join(names[:20])} "
+            raise FlightrecError(f"no process group is named or described {pg!r}; known: {listed(names, 20)} "
                                  "(see `flightrec groups`)")
         return keep
 
@@ -152,6 +155,26 @@ class Trace:
     def hosts(self) -> dict[int, str]:
         known = self.dumps.filter(pl.col("host").is_not_null())
         return dict(zip(known["rank"].to_list(), known["host"].to_list()))
+
+    def summary_dict(self) -> dict:
+        """What `summary` says, for `flightrec load --format json`."""
+        loaded = self.dumps.filter(pl.col("loaded"))
+        failed = self.dumps.filter(~pl.col("loaded"))
+        unreadable = pl.col("unreadable").fill_null(False)
+
+        def files(frame: pl.DataFrame) -> list[dict]:
+            return [{"path": self.relative(p), "rank": r, "problems": list(x)}
+                    for p, r, x in frame.select("path", "rank", "problems").iter_rows()]
+        return {
+            "root": str(self.root), "world_size": self.world_size, "world_size_from": self.world_size_from,
+            "loaded": loaded.height, "missing_ranks": self.missing_ranks, "entries": self.entries.height,
+            "process_groups": self.groups.height,
+            "versions": sorted(v for v in loaded["version"].unique().to_list() if v),
+            "backends": sorted(b for b in loaded["backend"].unique().to_list() if b),
+            "refused": files(failed.filter(~unreadable)), "unreadable": files(failed.filter(unreadable)),
+            "read_with_problems": files(loaded.filter(pl.col("problems").list.len() > 0)),
+            "unlisted_folders": self.unlisted.to_dicts(), "empty_host_folders": list(self.empty_hosts),
+        }
 
     def summary(self) -> str:
         loaded = self.dumps.filter(pl.col("loaded"))
@@ -471,6 +494,7 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         groups=groups, members=members, memberships=memberships,
         pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
         world_size_from=world_size_from, unlisted=raw.get("unlisted", empty(UNLISTED)),
+        empty_hosts=raw.get("empty_hosts", []),
     )
 
 
@@ -598,10 +622,12 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
 
     for rank, problems in zip(raw["dumps"]["rank"].to_list(), raw["dumps"]["problems"].to_list()):
         for problem in problems:
-            warnings.warn(f"rank {rank}: {problem}", stacklevel=2)
+            warnings.warn(f"rank {rank}: {problem}", DumpProblemWarning, stacklevel=2)
     if not raw["dumps"]["loaded"].any():
-        raise NoDumpsError(f"{root}: none of the {raw['dumps'].height} dump files could be read; "
-                           "each file's reason is in the warnings (not shown with --quiet)")
+        reasons = [f"rank {rank}: {'; '.join(problems)}" for rank, problems
+                   in raw["dumps"].select("rank", "problems").iter_rows() if problems]
+        raise NoDumpsError(f"{root}: none of the {raw['dumps'].height} dump files could be read: "
+                           f"{listed(reasons, 3, sep='; ')}")
     return assemble(raw, root, options.world_size)
 
 
@@ -623,7 +649,8 @@ def _warn_unconverted(path: str | os.PathLike, shards: list[Path], prefix: str |
 
 def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.DataFrame]:
     """Per-file tables for every dump under `path`, from the cache when it is current; `raw["unlisted"]`: the
-    folders under it that could not be listed (read afresh each time: never cached)."""
+    folders under it that could not be listed, `raw["empty_hosts"]` the host folders holding no dump (both read
+    afresh each time: never cached)."""
     found = discover_all(path, options.prefix)
     files = found.files
     root = str(path)
@@ -637,6 +664,7 @@ def load_raw(path: str | os.PathLike, options: LoadOptions) -> dict[str, pl.Data
             folder = _cache.write(raw, files, root, options) if cache else None
             _reload_in_one_chunk(raw, [p for p in (folder, Path(spool)) if p is not None])
     raw["unlisted"] = found.unlisted
+    raw["empty_hosts"] = found.empty_hosts
     return raw
 
 

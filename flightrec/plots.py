@@ -36,7 +36,11 @@ CELL_COLOURS = {  # progress heatmap cells
 
 
 def _plt():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("flightrec.plots needs matplotlib: pip install 'flightrec[notebook]' (from a clone: "
+                          "pip install '.[notebook]')") from None
 
     if matplotlib.get_backend().lower() not in ("agg",) and not _in_notebook():
         matplotlib.use("Agg")

@@ -13,6 +13,7 @@ from .load import format_ranks
 from .schema import REPORT_VERSION
 from .topology import NO_HOSTS_HINT
 from .vocab import VERDICT_EXIT_CODES, Action, FindingKind, Role, Verdict
+from .wording import listed
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,8 @@ class DumpSummary:
     only_active: bool = False
     # who wrote the dumps loaded: {"pytorch": 14, "torchcomms": 2} (`writers`)
     writers: dict[str, int] = field(default_factory=dict)
+    # host folders beside those holding dumps, named alike, that hold none (`discover.Found.empty_hosts`)
+    empty_host_folders: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class Report:
                 "host_source": self.dumps.host_source,
                 "only_active": self.dumps.only_active,
                 "writers": self.dumps.writers,
+                "empty_host_folders": self.dumps.empty_host_folders,
             },
             **({"scope": self.scope} if self.scope else {}),
         }
@@ -222,7 +226,9 @@ class Report:
                      "the others)")
         if d.host_source == "none" and d.world_size > 1:
             text += f"; {NO_HOSTS_HINT}"
-        if d.host_source == "one host folder":
+        if d.empty_host_folders:
+            text += f"; host folders with no dump: {listed(d.empty_host_folders, 5)}"
+        elif d.host_source == "one host folder":
             text += "; all in one host's folder (if the job had more hosts, their dumps are not here)"
         if d.host_source == "ranks per host":
             text += ("; host names are numbered from --ranks-per-host (host<k> holds the k-th run of ranks), not "
@@ -245,6 +251,12 @@ class Report:
                 lines.append(f"| links | {', '.join(' <-> '.join(x) for x in c['links'])} |")
             if c["switches"]:
                 lines.append(f"| switches | {', '.join(c['switches'])} |")
+            for key, label in (("hosts_to_drain", "hosts to drain"), ("ranks_to_inspect", "ranks to look at"),
+                               ("ranks_with_other_code", "ranks that ran other code")):
+                if c[key]:
+                    lines.append(f"| {label} | {format_ranks(c[key]) if 'ranks' in key else ', '.join(c[key])} |")
+            if c["links_to_check"]:
+                lines.append(f"| links to test | {', '.join(' <-> '.join(x) for x in c['links_to_check'])} |")
             lines.append("")
         lines += ["| role | kind | finding |", "|---|---|---|"]
         for f in self.findings:
@@ -289,10 +301,11 @@ def _evidence_lines(f: Finding) -> list[tuple[str, str]]:
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value) and all(
                 v in f.message for v in value):
             continue
+        if value == [] or value is None:
+            continue   # (nothing to show)
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             value = format_ranks(value)
         elif isinstance(value, list):
-            value = ", ".join(" <-> ".join(v) if isinstance(v, list) else str(v) for v in value[:12]) + (
-                f", ... ({len(value)})" if len(value) > 12 else "")
+            value = listed((" <-> ".join(v) if isinstance(v, list) else str(v) for v in value), 12)
         out.append((key.replace("_", " "), str(value)))
     return out

@@ -40,7 +40,7 @@ def _dumps() -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["world_size", "loaded", "missing_ranks", "versions", "refused", "unreadable", "host_source",
-                     "only_active", "writers"],
+                     "only_active", "writers", "empty_host_folders"],
         "properties": {
             "world_size": {"type": "integer", "minimum": 0},
             "loaded": {"type": "integer", "minimum": 0},
@@ -57,6 +57,9 @@ def _dumps() -> dict[str, Any]:
                             "type": "boolean"},
             "writers": {"description": "Who wrote the dumps loaded, and how many: pytorch, c10d_hook, torchcomms.",
                         "type": "object", "additionalProperties": {"type": "integer", "minimum": 0}},
+            "empty_host_folders": {"description": "Folders beside the host folders holding dumps, named alike "
+                                                  "(node1 beside node0), that hold none: hosts gone.",
+                                   "type": "array", "items": {"type": "string"}},
         },
     }
 

@@ -14,17 +14,18 @@ from typing import Callable
 import polars as pl
 
 from . import cycles
-from .load import Trace, format_ranks
+from .actions import headline
 from .dump_times import Waited
 from .gpu_position import never_began
+from .load import Trace, format_ranks
 from .locate import Location
 from .match import Matching, written_only_active
-from .actions import headline
 from .report import Finding, ProcessGroupRef
 from .schema import MISMATCH_STATUSES, GroupId
 from .timing import TimingOptions, TimingResult, late_joiners
 from .topology import Topology
 from .waits import Waits
+from .wording import listed
 
 _FIELD_WORDS = {"type_mismatch": "called", "dtype_mismatch": "used dtype", "size_mismatch": "used shape"}
 
@@ -77,8 +78,7 @@ class _Context:
         if len(ranks) == 1:
             return self.rank_label(ranks[0])
         hosts = self.topo.hosts(ranks)
-        more = ", ..." if len(hosts) > 4 else ""
-        where = f" (host{'s' if len(hosts) > 1 else ''} {', '.join(hosts[:4])}{more})" if hosts else ""
+        where = f" (host{'s' if len(hosts) > 1 else ''} {listed(hosts, 4)})" if hosts else ""
         return f"ranks {format_ranks(ranks)}{where}"
 
     def op_at(self, group: str, seq: int | None) -> str | None:
@@ -418,6 +418,10 @@ def _went_on_past_last_entry(trace: Trace, m: Matching, w: Waits) -> set[int]:
     return set(last.filter(pl.col("retired").fill_null(False))["rank"].to_list())
 
 
+# (how a healthy summary ends before its caveats: `api.analyze` puts a timing warning in their place)
+NOTHING_WRONG = "none behind, nothing stuck"
+
+
 def _held_in_transfers_finding(ctx: _Context) -> Finding:
     """The ranks `_root_findings` held as maybe blocked in a send or receive Gloo does not record: beside
     another cause (`held_beside_cause`), or, with none, as the suspects one of which holds the others."""
@@ -431,7 +435,7 @@ def _held_in_transfers_finding(ctx: _Context) -> Finding:
                    "held by another cause (above, or a rank that left no dump)")
     else:
         hosts = ctx.topo.hosts(ranks)
-        link = f", or a link between their hosts ({', '.join(hosts[:4])}{', ...' if len(hosts) > 4 else ''})," \
+        link = f", or a link between their hosts ({listed(hosts, 4)})," \
             if len(hosts) > 1 else ""
         message = (f"{went}, and nothing else holds the job: Gloo records no send or receive, and this job ran some "
                    "(groups its ranks recorded nothing in, or counters past their recorded collectives), so one of "
@@ -665,7 +669,8 @@ def _gpu_stall_finding(ctx: _Context, ranks: list[int], joined: Finding | None =
         msg = f"{head}: {says}; {'it' if one else 'they'} never joined {rest}"
         return replace(joined, kind="gpu_stalled", message=msg, evidence=evidence)
     first_group = next(iter(where.items()))
-    msg = f"{head}: {says} ({first_group[0]} {first_group[1]}{', ...' if len(where) > 1 else ''})"
+    msg = f"{head}: {says} ({first_group[0]} {first_group[1]}" + (
+        f", and {len(where) - 1} more group{'s' if len(where) > 2 else ''})" if len(where) > 1 else ")")
     return Finding(kind="gpu_stalled", role="root_cause", message=msg, ranks=list(ranks),
                    hosts=ctx.topo.hosts(ranks), evidence=evidence,
                    stacks=[s for r in ranks[:2] for s in ctx.stack_of(r, ctx.describe_last(r))])
@@ -897,6 +902,8 @@ def _alike_finding(ctx: _Context, ranks: list[int], groups: list[str], units: li
     with a dump of the groups waiting on them joined those groups' furthest collective, none may be (their dumps
     were lost) and the hang is below the software there."""
     labels = [ctx.groups[g].label() for g in groups[:3] if g in ctx.groups]
+    if len(groups) > 3:
+        labels[-1] += f", ... ({len(groups)} groups in all)"
     joined = all_with_a_dump_joined(ctx.m.progress, groups)
     below = ("; or none is, their dumps only lost, and the hang is below the software (every rank with a dump "
              "joined)" if joined else "")
@@ -974,7 +981,7 @@ def _stuck_findings(ctx: _Context, loc: Location | None, explained: set[int]) ->
     labels = [_stuck_label(ctx, g) for g in loc.stuck_groups[:3]]
     p2p = sum(g not in ctx.groups for g in loc.stuck_groups)
     noun = ("collective" if p2p == 0 else "pipeline send/recv" if p2p == n else "operation") + ("s" if n != 1 else "")
-    what = f"{n} {noun} ({', '.join(labels)}{', ...' if n > 3 else ''})"
+    what = f"{n} {noun} ({', '.join(labels)}{f', ... ({n} in all)' if n > 3 else ''})"
     stuck = ("are in flight at both ends and completed at neither" if p2p == n else
              "are in flight on every member and completed on none")
     each = "group" if p2p == 0 else "pair" if p2p == n else "group or pair"
@@ -1003,7 +1010,8 @@ def _in_flight_at_dump(ctx: _Context, loc: Location, waited: Waited) -> Finding:
     """Collectives in flight on every member, where `waited` does not read "hung": a running job's snapshot, or
     (where the dumps can't say for how long) a hang below them the dumps can't tell from one."""
     n = len(loc.stuck_groups)
-    labels = ", ".join(_stuck_label(ctx, g) for g in loc.stuck_groups[:3]) + (", ..." if n > 3 else "")
+    labels = listed([_stuck_label(ctx, g) for g in loc.stuck_groups[:4]], 3) if n <= 4 else (
+        ", ".join(_stuck_label(ctx, g) for g in loc.stuck_groups[:3]) + f", ... ({n} in all)")
     what = f"{n} collective{'s' if n != 1 else ''} ({labels}) {'was' if n == 1 else 'were'}"
     if waited.reading == "running":
         msg = (f"the job was running when dumped: {what} in flight on every member, {waited.describe()}, and "
@@ -1086,8 +1094,8 @@ def _switch_findings(ctx: _Context, roots: list[Finding]) -> list[Finding]:
             ranks = sorted(r for h in hosts for r in ctx.topo.ranks_on(h))
             out.append(Finding(
                 kind="switch", role="root_cause", hosts=sorted(hosts), ranks=ranks,
-                message=f"switch {switch}: all {len(hosts)} hosts under it ({', '.join(sorted(hosts)[:6])}"
-                        f"{', ...' if len(hosts) > 6 else ''}) are implicated above: suspect the switch",
+                message=f"switch {switch}: all {len(hosts)} hosts under it ({listed(sorted(hosts), 6)}) are "
+                        "implicated above: suspect the switch",
                 evidence={"switch": switch, "hosts": sorted(hosts)},
             ))
     return out
@@ -1238,6 +1246,19 @@ def _warning_findings(ctx: _Context, reported_missing: set[int], explained: set[
             message = f"{ctx.ranks_label(missing)} left no dump; {why}"
         out.append(Finding(kind="missing_dump", role="warning", ranks=missing, hosts=ctx.topo.hosts(missing),
                            message=message, evidence={"missing_ranks": missing, "hosts_gone": gone}))
+    known = set(ctx.topo.host_of.values())
+    empty = [h for h in ctx.trace.empty_hosts if h not in known]
+    if empty:
+        # (a host folder beside the others with no dump in it: its ranks wrote nothing there, and which ranks
+        # they are is not known where the job's size is not)
+        one = len(empty) == 1
+        out.append(Finding(
+            kind="missing_dump", role="warning", hosts=empty,
+            message=(f"host folder{'' if one else 's'} {listed(empty, 5)} "
+                     f"hold{'s' if one else ''} no dump: {'that host is' if one else 'those hosts are'} gone (down, "
+                     f"or {'its' if one else 'their'} dumps not collected), with ranks these dumps don't show "
+                     "(--world-size shows them)"),
+            evidence={"missing_ranks": [], "hosts_gone": empty, "empty_host_folders": empty}))
     versions = sorted(v for v in ctx.trace.dumps["version"].drop_nulls().unique().to_list())
     if len(versions) > 1:
         out.append(Finding(kind="mixed_versions", role="warning",
@@ -1373,7 +1394,8 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     elif live and not symptoms and not trace.missing_ranks:
         verdict = "healthy"
         summary = "HEALTHY: " + headline(live[0])
-    elif (symptoms or trace.missing_ranks or (no_entries and not no_entries.evidence["idle"])
+    elif (symptoms or trace.missing_ranks or any(f.evidence.get("empty_host_folders") for f in warnings)
+          or (no_entries and not no_entries.evidence["idle"])
           or (world_unknown and world_unknown.evidence.get("unseen_groups"))):
         verdict = "inconclusive"
         first = symptoms[0] if symptoms else warnings[0] if warnings else no_entries or world_unknown
@@ -1385,7 +1407,7 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
         verdict = "healthy"
         n_groups = m.progress["group"].n_unique()
         summary = (f"HEALTHY: {'both' if trace.world_size == 2 else f'all {trace.world_size:,}'} ranks agree on "
-                   f"every collective in {n_groups:,} group{'s' if n_groups != 1 else ''}; none behind, nothing stuck"
+                   f"every collective in {n_groups:,} group{'s' if n_groups != 1 else ''}; {NOTHING_WRONG}"
                    + ("; a Gloo send/recv hang would not show" if unrecorded_groups else "")
                    + (f"; a lost rank past {trace.world_size - 1:,} would not show (--world-size)"
                       if world_unknown and trace.world_size_from == "seen" else ""))

@@ -1,11 +1,13 @@
 """Tables for people reading one job: entries, side-by-side ranks, stacks, groups; and Parquet export.
 
-Each function returns text (or files) built from the frames; the CLI only prints it.
+Each table is a frame (`*_frame`) rendered as text or JSON; the CLI only prints it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -22,6 +24,19 @@ def text_table(df: pl.DataFrame, max_width: int = 48) -> str:
         cells.append(["" if v is None else str(v)[:max_width] for v in row])
     widths = [max(len(r[i]) for r in cells) for i in range(len(df.columns))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def as_json(value: Any) -> str:
+    """A frame (as a list of rows), or a structure holding frames, as indented JSON."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, pl.DataFrame):
+            return [plain(row) for row in v.to_dicts()]
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        return v
+    return json.dumps(plain(value), indent=2, default=str) + "\n"
 
 
 def check_ranks(trace: Trace, ranks: list[int] | None) -> None:
@@ -41,9 +56,13 @@ def entries_frame(trace: Trace, ranks: list[int] | None = None, pg: str | None =
     if pg is not None:
         e = e.join(trace.select_groups(pg).select("group"), on="group", how="semi")
     e = e.sort("rank", "record_id").group_by("rank", maintain_order=True).tail(last)
+    # (seconds since the job's first recorded entry, beside the raw stamp: readable, and comparable across ranks
+    # as far as their clocks agree; `retired`: the only sign of completion Gloo's recorder gives)
+    start = trace.entries["time_created_ns"].min()
     return e.select(
         "rank", "record_id", "group", "pg_desc", "collective_seq_id", "p2p_seq_id", "op", "profiling_name",
-        "state", "input_sizes", "input_dtypes", "time_created_ns",
+        "state", "retired", "input_sizes", "input_dtypes",
+        ((pl.col("time_created_ns") - start) / 1e9).round(3).alias("created_s"), "time_created_ns",
     )
 
 
@@ -53,10 +72,24 @@ def entries_table(trace: Trace, ranks: list[int] | None = None, pg: str | None =
 
 def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width: int = 5,
                  max_groups: int = 8) -> str:
-    """Per group `pg` selects, one row per sequence id in seq-width..seq+width and one column per member (or
-    per rank of `ranks`): what each recorded there. Collectives are lined up by collective_seq_id; a
-    pipeline's sends and receives (and the entry that closes a batch of them) by p2p_seq_id, their own
-    counter, in rows marked p2p. At most `max_groups` groups, the rest counted."""
+    """`side_by_side_frames` as text: at most `max_groups` groups, the rest counted."""
+    frames = side_by_side_frames(trace, ranks, pg, seq, width)
+    parts = []
+    for label, wide in frames[:max_groups]:
+        desc = f" (desc '{label['pg_desc']}')" if label["pg_desc"] else ""
+        parts += [f"group {label['group']}{desc}, ranks {format_ranks(label['ranks'] or [])}:",
+                  text_table(wide.fill_null("-")), ""]
+    if len(frames) > max_groups:
+        parts.append(f"... and {len(frames) - max_groups:,} more groups: narrow with --rank or a group's name as --pg")
+    return "\n".join(parts).rstrip()
+
+
+def side_by_side_frames(trace: Trace, ranks: list[int], pg: str | None, seq: int,
+                        width: int = 5) -> list[tuple[dict, pl.DataFrame]]:
+    """Per group `pg` selects ({group, pg_desc, ranks}, frame): one row per sequence id in seq-width..seq+width
+    and one column per member (or per rank of `ranks`): what each recorded there. Collectives are lined up by
+    collective_seq_id; a pipeline's sends and receives (and the entry that closes a batch of them) by
+    p2p_seq_id, their own counter, in rows marked p2p."""
     from .errors import FlightrecError
 
     if pg is None:
@@ -83,9 +116,8 @@ def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width
              .with_columns(pl.when((pl.col("cell").list.len() == 1) & (pl.col("_n") > 1))
                            .then(pl.format("{} x{}", pl.col("cell").list.first(), "_n"))
                            .otherwise(pl.col("cell").list.join("+")).alias("cell")))
-    shown = cells["group"].unique(maintain_order=True).sort()
-    parts = []
-    for group in shown.head(max_groups).to_list():
+    out = []
+    for group in cells["group"].unique(maintain_order=True).sort().to_list():
         mine = cells.filter(pl.col("group") == group)
         label = groups.filter(pl.col("group") == group).row(0, named=True)
         wide = (mine.sort("rank").pivot(on="rank", index=["kind", "seq"], values="cell")
@@ -93,12 +125,8 @@ def side_by_side(trace: Trace, ranks: list[int], pg: str | None, seq: int, width
         wide = wide.rename({c: f"rank {c}" for c in wide.columns if c not in ("kind", "seq_id")})
         if (wide["kind"] == "").all():
             wide = wide.drop("kind")   # (collectives only)
-        desc = f" (desc '{label['pg_desc']}')" if label["pg_desc"] else ""
-        parts += [f"group {group}{desc}, ranks {format_ranks(label['ranks'] or [])}:", text_table(wide.fill_null("-")),
-                  ""]
-    if shown.len() > max_groups:
-        parts.append(f"... and {shown.len() - max_groups:,} more groups: narrow with --rank or a group's name as --pg")
-    return "\n".join(parts).rstrip()
+        out.append(({"group": str(group), "pg_desc": label["pg_desc"], "ranks": label["ranks"]}, wide))
+    return out
 
 
 def stack_groups_frame(trace: Trace) -> pl.DataFrame:
@@ -135,18 +163,21 @@ def stack_groups(trace: Trace) -> str:
     return "\n".join(lines)
 
 
-def groups_frame(trace: Trace, m: Matching) -> pl.DataFrame:
+def groups_frame(trace: Trace, m: Matching, ranks_as_text: bool = True) -> pl.DataFrame:
     prog = m.progress.group_by("group").agg(
-        pl.col("frontier").first(),
-        pl.col("last_enqueued").min().alias("slowest"),
+        # (the furthest collective any member enqueued, and where the slowest member is)
+        pl.col("frontier").first().alias("furthest_seq"),
+        pl.col("last_enqueued").min().alias("slowest_member_seq"),
         (pl.col("behind") > 0).sum().alias("n_behind"),
         (~pl.col("has_dump")).sum().alias("n_missing"),
     )
     status = m.collectives.sort("collective_seq_id").group_by("group").agg(pl.col("status").last().alias("last_status"))
-    return (trace.groups.join(prog, on="group", how="left").join(status, on="group", how="left")
-            .with_columns(pl.col("ranks").map_batches(
-                lambda s: pl.Series([format_ranks(r, limit=3) for r in s.to_list()]), return_dtype=pl.String))
-            .select("group", "pg_desc", "size", "ranks", "frontier", "slowest", "n_behind", "n_missing",
+    out = trace.groups.join(prog, on="group", how="left").join(status, on="group", how="left")
+    if ranks_as_text:
+        out = out.with_columns(pl.col("ranks").map_batches(
+            lambda s: pl.Series([format_ranks(r, limit=3) for r in s.to_list()]), return_dtype=pl.String))
+    return (out
+            .select("group", "pg_desc", "size", "ranks", "furthest_seq", "slowest_member_seq", "n_behind", "n_missing",
                     "last_status", "source")
             .sort(pl.col("group").cast(pl.String).str.len_chars(), "group"))
 

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from flightrec import synth
 from flightrec.cli import main
 
+from .conftest import FIXTURES
+
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
@@ -97,7 +99,8 @@ def test_topology_and_pg_and_prefix_and_no_cache(runner, hung, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["analyze", "/does/not/exist"], "no such file"),
-    (["analyze", "{dir}", "--prefix", "nope_"], "no dump files"),
+    # (the fix that applies: check the prefix just passed, not "pass --prefix")
+    (["analyze", "{dir}", "--prefix", "nope_"], "check the prefix"),
     (["analyze", "{dir}", "--hosts", "/does/not/exist.csv"], "cannot read the hosts file"),
     (["analyze", "{dir}", "--pg", "no-such-group"], "no process group"),
     (["entries", "{dir}", "--around", "3"], "--around needs --pg"),
@@ -128,21 +131,28 @@ def test_internal_error_exit_70(runner, hung, monkeypatch):
 
 def test_warnings_go_to_stderr_and_quiet_silences_them(runner, hung):
     (hung / "node00000" / "nccl_trace_rank_1").write_bytes(b"\x80\x02junk")
-    result = runner.invoke(main, ["analyze", str(hung), "-f", "json"])
-    json.loads(result.stdout)
-    assert "warning:" in result.stderr
-    quiet = runner.invoke(main, ["analyze", str(hung), "-f", "json", "--quiet"])
+    result = runner.invoke(main, ["load", str(hung)])
+    assert "warning: rank 1:" in result.stderr
+    quiet = runner.invoke(main, ["load", str(hung), "--quiet"])
     assert quiet.stderr == ""
+
+
+def test_analyze_says_a_dumps_problem_once_in_the_report_not_on_stderr_too(runner, hung):
+    (hung / "node00000" / "nccl_trace_rank_1").write_bytes(b"\x80\x02junk")
+    result = runner.invoke(main, ["analyze", str(hung)])
+    assert "rank 1" not in result.stderr
+    assert result.stdout.count("nccl_trace_rank_1") == 1, result.stdout
 
 
 def test_a_dependencys_deprecation_notice_is_not_shown_to_the_reader(runner, hung, monkeypatch):
     """A dependency's DeprecationWarning (Python 3.12's fork warning was one) is nothing an on-call engineer
-    can act on: not shown, while the dumps' own warnings still are."""
+    can act on: not shown, while flightrec's own warnings still are."""
     from flightrec import cli
 
     def analyze(*args, **kwargs):
         warnings.warn("pyarrow.something is deprecated", DeprecationWarning, stacklevel=1)
         warnings.warn("a future pyarrow will change", PendingDeprecationWarning, stacklevel=1)
+        warnings.warn("--ranks-per-host 8 ignored: the dumps' folders say each rank's host", stacklevel=1)
         return real(*args, **kwargs)
 
     real = cli.analyze
@@ -151,7 +161,7 @@ def test_a_dependencys_deprecation_notice_is_not_shown_to_the_reader(runner, hun
     result = runner.invoke(main, ["analyze", str(hung), "-f", "json"])
     json.loads(result.stdout)
     assert "deprecated" not in result.stderr and "future pyarrow" not in result.stderr
-    assert "warning: rank 1:" in result.stderr
+    assert "warning: --ranks-per-host" in result.stderr
 
 
 def test_load_entries_stacks_groups_convert(runner, hung, tmp_path):
@@ -444,3 +454,29 @@ def test_cache_lists_the_prefix_each_cache_was_read_with(runner):
     assert "--prefix" in listed.splitlines()[0]
     rows = [line.split()[1] for line in listed.splitlines()[1:] if line.startswith(str(FIXTURES / "healthy") + " ")]
     assert sorted(rows) == ["(any)", "nccl_trace_rank_"], listed
+
+
+def test_every_table_command_writes_json(runner):
+    """load, groups, entries (and side by side), stacks and timing: JSON for scripts; entries carry seconds since
+    the job's first entry beside the raw stamps, and Gloo's `retired`, its only sign of completion."""
+    job = str(FIXTURES / "skip_collective")
+    load = json.loads(runner.invoke(main, ["load", job, "-f", "json"]).stdout)
+    assert (load["loaded"], load["world_size"], load["backends"]) == (4, 4, ["gloo"])
+    groups = json.loads(runner.invoke(main, ["groups", job, "-f", "json"]).stdout)
+    assert groups[0]["ranks"] == [0, 1, 2, 3] and groups[0]["last_status"] == "not_joined"
+    entries = json.loads(runner.invoke(main, ["entries", job, "-f", "json", "--rank", "2", "--last", "2"]).stdout)
+    assert [e["collective_seq_id"] for e in entries] == [6, 7] and all(e["retired"] is True for e in entries)
+    assert 0 < entries[0]["created_s"] < entries[1]["created_s"] < 60
+    side = json.loads(runner.invoke(main, ["entries", job, "-f", "json", "--pg", "default_pg", "--around", "8"]).stdout)
+    assert side[0]["rows"][-1] == {"seq_id": 8, "rank 0": "all_reduce scheduled", "rank 1": "all_reduce scheduled",
+                                   "rank 2": None, "rank 3": "all_reduce scheduled"}
+    stacks = json.loads(runner.invoke(main, ["stacks", job, "-f", "json"]).stdout)
+    assert sorted(r for s in stacks for r in s["ranks"]) == [0, 1, 2, 3]
+    timing = json.loads(runner.invoke(main, ["timing", str(FIXTURES / "straggler"), "-f", "json"]).stdout)
+    assert [r["rank"] for r in timing["ranks"] if r["straggler"]] == [2]
+
+
+def test_entries_text_shows_seconds_since_start_and_retired(runner):
+    out = runner.invoke(main, ["entries", str(FIXTURES / "skip_collective"), "--rank", "2", "--last", "1"]).stdout
+    header = out.splitlines()[0].split()
+    assert "created_s" in header and "retired" in header

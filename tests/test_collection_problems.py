@@ -133,3 +133,28 @@ def test_the_json_report_names_the_unreadable_folder(tmp_path):
         result = CliRunner().invoke(main, ["analyze", str(tmp_path / "job"), "-f", "json", "-q"])
     report = json.loads(result.stdout)
     assert report["verdict"] == "inconclusive" and report["dumps"]["unreadable"][0]["path"] == "node1"
+
+
+def test_an_empty_host_folder_beside_the_others_is_that_host_gone(tmp_path):
+    """host_down (node1's four ranks exited and wrote nothing): its folder there but empty reads as that host
+    gone, whose dumps to collect, and nothing is drained on it; with the job's size, its ranks are named."""
+    shutil.copytree(FIXTURES / "host_down", tmp_path / "job")
+    (tmp_path / "job" / "node1").mkdir()
+    (tmp_path / "job" / "logs7").mkdir()      # (not named like the host folders: no host)
+    (tmp_path / "job" / "node2" / "sub").mkdir(parents=True)
+    shutil.copy(FIXTURES / "host_down" / "expected.json", tmp_path / "job" / "node2" / "sub")
+    report = _analyze(tmp_path / "job")
+    assert report.verdict == "inconclusive" and report.exit_code == 3, report.summary
+    gone = [f for f in report.findings if f.evidence.get("empty_host_folders")]
+    assert [f.hosts for f in gone] == [["node1", "node2"]] and gone[0].action == "recollect_dumps"
+    assert report.to_dict()["dumps"]["empty_host_folders"] == ["node1", "node2"]
+    assert not report.culprits["hosts_to_drain"]
+    sized = _analyze(tmp_path / "job", world_size=8)
+    assert sized.trace.missing_ranks == [4, 5, 6, 7] and "node1" in sized.summary
+
+
+def test_a_folder_of_a_job_on_one_host_has_no_empty_host(tmp_path):
+    shutil.copytree(FIXTURES / "subgroups_per_host", tmp_path / "job")
+    (tmp_path / "job" / "plots").mkdir()
+    report = _analyze(tmp_path / "job")
+    assert report.dumps.empty_host_folders == [] and report.verdict == "fault"

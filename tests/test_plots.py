@@ -114,3 +114,12 @@ def test_a_report_reads_as_one_line_and_a_healthy_wait_graph_says_nobody_waits()
     assert len(repr(sub).splitlines()) == 1
     healthy = _fixture("healthy")
     assert [t.get_text() for t in plots.wait_graph(healthy).axes[0].texts] == ["nobody waits on anyone"]
+
+
+def test_without_the_notebook_extra_the_error_names_it(report, monkeypatch):
+    import sys
+
+    from flightrec import plots
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # (as if not installed: its import fails)
+    with pytest.raises(ImportError, match=r"pip install 'flightrec\[notebook\]'"):
+        plots.host_grid(report)

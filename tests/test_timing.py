@@ -541,7 +541,7 @@ def test_timing_command(make_job, tmp_path):
 
 def test_the_timing_table_says_which_late_ones_are_echoes():
     """fixtures/straggler_pipeline: rank 0 and host node0 are late only because they wait on rank 1. The
-    table shows them late, not named, and why (`echo`)."""
+    table shows them late, not named, and why (`only_waits`)."""
     result = CliRunner().invoke(main, ["timing", str(FIXTURES / "straggler_pipeline"), "--no-cache", "-q"])
     assert result.exit_code == 0
     rows = {tuple(line.split()[:2]): line.split() for line in result.stdout.splitlines() if line[:1].isdigit()}
@@ -549,7 +549,7 @@ def test_the_timing_table_says_which_late_ones_are_echoes():
     assert rows[("0", "node0")][-2:] == ["False", "True"]    # waits on it
     node0 = next(line.split() for line in result.stdout.splitlines() if line.startswith("node0 "))
     assert node0[-2:] == ["False", "True"]
-    assert "echo: late enough to be named, but it only waits on a straggler" in result.stdout
+    assert "only_waits: late enough to be named, but it only waits on a straggler" in result.stdout
 
 
 def test_window_reads_hosts_and_groups_by_position_like_a_join(make_job):
