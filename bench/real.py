@@ -41,7 +41,9 @@ def cases() -> list[dict]:
     for path in sorted(FIXTURES.glob("*/expected.json")):
         fault = json.loads(path.read_text()).get("fault") or {}
         if fault.get("needs_world_size"):
-            truth = {"verdict": "healthy", "note": "world size unknown: healthy until --world-size is given"}
+            # (the numbered groups skip the lost host's: more ranks than read, nobody to name; --world-size
+            # names the missing ones)
+            truth = {"verdict": "inconclusive", "suspects": [], "note": "a host's dumps missing, the world size unknown"}
         elif fault.get("indistinguishable_from"):
             truth = {"verdict": "inconclusive", "suspects": sorted(fault["ranks"] + fault["indistinguishable_from"])}
         elif fault.get("kind") in ("not_joined", "missing_dump", "mismatch") or (
@@ -86,6 +88,10 @@ def score_theirs(truth: dict, code: int, text: str) -> tuple[str, str]:
     found = [r for r in reports(text) if r["ranks"]]
     if truth["verdict"] == "healthy":
         return ("right", "") if not found and not reports(text) else ("WRONG", f"names {found[0]['ranks'] if found else '?'}")
+    if truth["verdict"] == "inconclusive":
+        # (nobody can be named: naming someone outside the suspects is wrong)
+        named = sorted({r for f in found for r in f["ranks"]})
+        return ("right", "") if set(named) <= set(truth["suspects"]) else ("WRONG", f"names {named}")
     if not found:
         return "nothing", ""
     first = found[0]["ranks"]
