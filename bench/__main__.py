@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from flightrec import tape
+from flightrec.ingest.fastpickle import walker as tape
 
 from .data import dataset
 from .ingest import PICKLE_FLOOR, parse_sizes

@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from flightrec import synth
+from flightrec.testing import synth
 
 DATA = Path(__file__).resolve().parent / ".data"
 

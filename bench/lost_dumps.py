@@ -20,7 +20,8 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from flightrec import analyze, synth
+from flightrec import analyze
+from flightrec.testing import synth
 
 from .sweep import RESULTS, _group_peers, score, table
 

@@ -24,13 +24,14 @@ print(json.dumps({{"s": time.perf_counter() - t, "summary": report.summary, "cul
 
 # Put before ANALYZE: the tape reader as before `flightrec build-reader` (started by numba's JIT in each worker,
 # and only for input over 128 MB), for a side-by-side in one run.
-WITHOUT_BUILT_READER = "import flightrec.tape as _tape; _tape.built = lambda: False; _tape._load_built = lambda: False\n"
+WITHOUT_BUILT_READER = "import flightrec.ingest.fastpickle.walker as _tape; _tape.built = lambda: False; _tape._load_built = lambda: False\n"
 
 
 def ensure_built_reader(log=print) -> bool:
     """Build the ahead-of-time reader if numba is there and it isn't built yet (what a user does once with
     `flightrec build-reader`); whether it is built."""
-    from flightrec import tape, tape_build
+    from flightrec.ingest.fastpickle import build as tape_build
+    from flightrec.ingest.fastpickle import walker as tape
 
     if not tape.available():
         return False

@@ -19,7 +19,7 @@ import json
 import shutil
 import time
 
-from flightrec import synth
+from flightrec.testing import synth
 
 from .data import job_dir, job_for
 from .ingest import parse_sizes
@@ -28,8 +28,8 @@ from .measure import ANALYZE, gib, median_of, run
 CONVERT = """
 import json, time, warnings
 warnings.simplefilter("ignore")
-from flightrec.load import LoadOptions, load_raw
-from flightrec.shards import write_shard
+from flightrec.ingest.load import LoadOptions, load_raw
+from flightrec.store.shards import write_shard
 t = time.perf_counter()
 raw = load_raw({src!r}, LoadOptions(use_cache=False))
 write_shard(raw, {out!r}, source={src!r}, host=None)

@@ -45,7 +45,8 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from flightrec import analyze, synth
+from flightrec import analyze
+from flightrec.testing import synth
 
 HANGS = ("host_down", "dead_link", "nic_down", "not_joined", "type_mismatch", "dtype_mismatch", "size_mismatch")
 TIMING = ("straggler", "straggler_host", "slow_link", "clock_offset")

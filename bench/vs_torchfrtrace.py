@@ -42,7 +42,8 @@ import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from flightrec import analyze, synth
+from flightrec import analyze
+from flightrec.testing import synth
 
 from .sweep import HANGS, _damage, damage_label, draw, score, table
 

@@ -1,5 +1,5 @@
 """`python -m flightrec`: the command line, for machines where the `flightrec` script is not on PATH."""
 
-from .cli import entry
+from flightrec.cli import entry
 
 entry()

@@ -10,20 +10,20 @@ from typing import Callable, NamedTuple
 
 import polars as pl
 
-from .actions import headline, summary_line, with_actions
-from .dump_times import TRIGGERS, Waited, dump_moments, waited
-from .errors import DumpProblemWarning, FlightrecError, require_count
-from .gpu_position import unit_pending
-from .load import LoadOptions, Trace, load
-from .locate import Location, locate
-from .match import Matching, match, written_only_active
-from .parse_pool import paused_gc
-from .report import DumpSummary, Finding, Report
-from .rootcause import NOTHING_WRONG, diagnose, without_path
-from .timing import TimingOptions, TimingResult, analyze_timing
-from .timing import findings as timing_to_findings
-from .topology import Topology, resolve
-from .waits import Waits, build_waits
+from flightrec.analysis.dump_times import TRIGGERS, Waited, dump_moments, waited
+from flightrec.analysis.gpu_position import unit_pending
+from flightrec.analysis.localize import Location, locate
+from flightrec.analysis.matching import Matching, match, written_only_active
+from flightrec.analysis.timing.stragglers import TimingOptions, TimingResult, analyze_timing
+from flightrec.analysis.timing.stragglers import findings as timing_to_findings
+from flightrec.analysis.wait_graph import Waits, build_waits
+from flightrec.diagnosis.actions import headline, summary_line, with_actions
+from flightrec.diagnosis.rules import NOTHING_WRONG, diagnose, without_path
+from flightrec.errors import DumpProblemWarning, FlightrecError, require_count
+from flightrec.ingest.load import LoadOptions, Trace, load
+from flightrec.ingest.pool import paused_gc
+from flightrec.model.topology import Topology, resolve
+from flightrec.report.model import DumpSummary, Finding, Report
 
 
 @dataclass(frozen=True, kw_only=True)

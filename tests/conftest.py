@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec import synth
+from flightrec.testing import synth
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 

@@ -9,9 +9,11 @@ import jsonschema
 import polars as pl
 import pytest
 
-from flightrec import analyze, synth, waits
-from flightrec.rootcause import all_with_a_dump_joined
-from flightrec.topology import Topology
+from flightrec import analyze
+from flightrec.analysis import wait_graph as waits
+from flightrec.diagnosis.rules import all_with_a_dump_joined
+from flightrec.model.topology import Topology
+from flightrec.testing import synth
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
 
@@ -328,7 +330,7 @@ def test_a_peers_pg_status_key_is_not_borrowed_where_local_ids_shift(make_job, m
     import pickle
     from collections import defaultdict
 
-    from flightrec.readers import read_dump
+    from flightrec.ingest.safe_read import read_dump
 
     groups_of, schedule = synth._groups, synth._schedule
 
@@ -557,7 +559,7 @@ def test_gloo_mode_writes_what_the_real_gloo_dumps_hold(make_job):
     every entry 'scheduled' with no start or completion time, no send or receive. The config lists the world's
     ranks only while a job has no group but the default one (fixtures/healthy), none once it makes subgroups
     (fixtures/subgroups_per_host), as every generated job does."""
-    from flightrec.readers import loads_plain_pickle
+    from flightrec.ingest.safe_read import loads_plain_pickle
 
     from .conftest import FIXTURES
 
@@ -579,7 +581,7 @@ def test_gloo_mode_writes_what_the_real_gloo_dumps_hold(make_job):
 def test_gloo_generator_keys_no_group_used_only_for_sends_and_receives(make_job):
     """As torch 2.13's Gloo writes pg_status (fixtures/record_p2p_keys.py, a real run): a key per group with a
     recorded entry; none for a pipeline group, used only for sends and receives, which Gloo never records."""
-    from flightrec.readers import loads_plain_pickle
+    from flightrec.ingest.safe_read import loads_plain_pickle
 
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, backend="gloo", timing=False))
     for path in out.rglob("nccl_trace_rank_*"):

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from flightrec import LoadOptions, load, synth
-from flightrec.cache import MANIFEST, prune
+from flightrec import LoadOptions, load
+from flightrec.store.cache import MANIFEST, prune
+from flightrec.testing import synth
 
 
 def _fake_cache(parent, name, size, used_at):
@@ -49,14 +50,14 @@ def test_a_new_cache_makes_room_and_a_read_counts_as_use(make_job, tmp_path, mon
     load(a, opts)   # a warm read: now a is the more recently used
     load(c, opts)   # makes room by removing b
     assert len(list((tmp_path / "c").iterdir())) == 2
-    monkeypatch.setattr(importlib.import_module("flightrec.load"), "_parse_all",
+    monkeypatch.setattr(importlib.import_module("flightrec.ingest.load"), "_parse_all",
                         lambda *a, **k: pytest.fail("parsed despite the cache"))
     load(a, opts), load(c, opts)
 
 
 @pytest.mark.parametrize("text", ["lots", "nan", "-1", "-inf"])
 def test_a_budget_that_is_not_a_size_warns_and_uses_the_default(monkeypatch, text):
-    from flightrec.cache import DEFAULT_MAX_GB, max_bytes
+    from flightrec.store.cache import DEFAULT_MAX_GB, max_bytes
 
     monkeypatch.setenv("FLIGHTREC_CACHE_MAX_GB", text)
     with pytest.warns(UserWarning, match="FLIGHTREC_CACHE_MAX_GB"):
@@ -64,7 +65,7 @@ def test_a_budget_that_is_not_a_size_warns_and_uses_the_default(monkeypatch, tex
 
 
 def test_an_infinite_budget_means_no_limit(monkeypatch):
-    from flightrec.cache import max_bytes
+    from flightrec.store.cache import max_bytes
 
     monkeypatch.setenv("FLIGHTREC_CACHE_MAX_GB", "inf")
     assert max_bytes() == sys.maxsize
@@ -91,8 +92,8 @@ def test_a_cache_missing_a_column_file_is_rebuilt_not_read_with_nulls(make_job, 
     victim = sorted((tmp_path / "c").rglob("entries/*.arrow"))[3]
     victim.unlink()
     parsed = []
-    real = importlib.import_module("flightrec.load")._parse_all
-    monkeypatch.setattr(importlib.import_module("flightrec.load"), "_parse_all",
+    real = importlib.import_module("flightrec.ingest.load")._parse_all
+    monkeypatch.setattr(importlib.import_module("flightrec.ingest.load"), "_parse_all",
                         lambda *a, **k: parsed.append(1) or real(*a, **k))
     with pytest.warns(UserWarning, match="unreadable"):
         again = load(out, opts)
@@ -106,7 +107,7 @@ def test_failing_to_make_room_warns_and_the_analysis_goes_on(make_job, tmp_path,
     def refuse(*args, **kwargs):
         raise PermissionError("not yours")
 
-    monkeypatch.setattr(importlib.import_module("flightrec.cache"), "prune", refuse)
+    monkeypatch.setattr(importlib.import_module("flightrec.store.cache"), "prune", refuse)
     with pytest.warns(UserWarning, match="could not remove old caches"):
         trace = load(out, LoadOptions(cache_dir=tmp_path / "c"))
     assert trace.entries.height > 0
@@ -115,14 +116,14 @@ def test_failing_to_make_room_warns_and_the_analysis_goes_on(make_job, tmp_path,
 def test_entries_fall_back_to_the_spool_when_the_cache_vanishes(make_job, tmp_path, monkeypatch):
     """Another process may remove a cache just written (its budget); the load then reads the entries back from
     its own spool files, still as one chunk."""
-    load_module = importlib.import_module("flightrec.load")
+    load_module = importlib.import_module("flightrec.ingest.load")
     monkeypatch.setattr(load_module, "SPILL_BYTES", 0)
-    monkeypatch.setattr(importlib.import_module("flightrec.parse_pool"), "ONE_CHUNK_MAX_INPUT", 0)  # (big input)
+    monkeypatch.setattr(importlib.import_module("flightrec.ingest.pool"), "ONE_CHUNK_MAX_INPUT", 0)  # (big input)
     real_write = load_module._cache.write
 
     def write_then_lose(raw, files, root, options):
         folder = real_write(raw, files, root, options)
-        importlib.import_module("flightrec.cache").remove(folder)
+        importlib.import_module("flightrec.store.cache").remove(folder)
         return folder
 
     monkeypatch.setattr(load_module._cache, "write", write_then_lose)

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from flightrec import synth
 from flightrec.cli import main
+from flightrec.testing import synth
 
 from .conftest import FIXTURES
 
@@ -119,7 +119,7 @@ def test_usage_error_exit_2(runner):
 
 
 def test_internal_error_exit_70(runner, hung, monkeypatch):
-    import flightrec.cli as cli
+    from flightrec.cli import commands as cli
 
     def boom(*a, **k):
         raise RuntimeError("kaboom")
@@ -147,7 +147,7 @@ def test_analyze_says_a_dumps_problem_once_in_the_report_not_on_stderr_too(runne
 def test_a_dependencys_deprecation_notice_is_not_shown_to_the_reader(runner, hung, monkeypatch):
     """A dependency's DeprecationWarning (Python 3.12's fork warning was one) is nothing an on-call engineer
     can act on: not shown, while flightrec's own warnings still are."""
-    from flightrec import cli
+    from flightrec.cli import commands as cli
 
     def analyze(*args, **kwargs):
         warnings.warn("pyarrow.something is deprecated", DeprecationWarning, stacklevel=1)
@@ -242,7 +242,7 @@ def test_either_pickle_reader_gives_the_same_report(runner, hung):
 
 
 def test_the_compiled_reader_without_numba_is_a_clear_usage_error(runner, hung, monkeypatch):
-    from flightrec import tape
+    from flightrec.ingest.fastpickle import walker as tape
 
     monkeypatch.setattr(tape, "available", lambda: False)
     result = runner.invoke(main, ["analyze", str(hung), "--reader", "tape", "--no-cache"])
@@ -255,7 +255,7 @@ def test_convert_never_replaces_a_folder_it_did_not_write(runner, hung, tmp_path
     mistake) is refused and left as it was; a new folder, or a shard written before, is fine."""
     import importlib
 
-    load_module = importlib.import_module("flightrec.load")   # (`flightrec.load` is the function)
+    load_module = importlib.import_module("flightrec.ingest.load")   # (`flightrec.ingest.load` is the function)
     real_load_raw = load_module.load_raw
     monkeypatch.setattr(load_module, "load_raw", lambda *a, **k: pytest.fail("parsed before checking OUT"))
     keep = tmp_path / "notes"
@@ -276,7 +276,7 @@ def test_convert_never_replaces_a_folder_it_did_not_write(runner, hung, tmp_path
 def test_an_unwritable_report_path_fails_before_the_analysis(runner, hung, tmp_path, monkeypatch):
     """A typo in -o must not cost the wait for a big job's analysis: exit 2 before loading anything; an error
     writing files elsewhere (a folder not writable) is exit 2 too, not a flightrec bug."""
-    import flightrec.cli as cli
+    from flightrec.cli import commands as cli
 
     def never(*a, **k):
         raise AssertionError("analysed before checking -o")
@@ -420,7 +420,7 @@ def test_ranks_per_host_overridden_by_the_dumps_says_so(runner):
 def test_entries_around_lines_up_a_pipelines_sends_by_their_own_counter(runner, make_job):
     """--pg pp --around 3 showed only collective_seq_id 0 (sends are numbered by p2p_seq_id), one column per rank
     of every pp group, cells cut at 48 characters."""
-    from flightrec import synth
+    from flightrec.testing import synth
 
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=2))
     text = runner.invoke(main, ["entries", str(out), "--pg", "pp", "--around", "3", "-q"]).stdout

@@ -12,9 +12,10 @@ from unittest import mock
 import pytest
 from click.testing import CliRunner
 
-from flightrec import analyze, synth
+from flightrec import analyze
 from flightrec.cli import main
 from flightrec.errors import MultipleJobsError
+from flightrec.testing import synth
 
 from .conftest import FIXTURES
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.discover import discover
 from flightrec.errors import MultipleJobsError, NoDumpsError
+from flightrec.ingest.discover import discover
 
 
 def touch(path, data=b"\x80\x02}q\x00."):

@@ -14,9 +14,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightrec import FlightrecError, LoadOptions, synth
+from flightrec import FlightrecError, LoadOptions
 from flightrec.api import AnalyzeOptions, analyze
 from flightrec.cli import main
+from flightrec.testing import synth
 
 EXAMPLES = int(os.environ.get("FLIGHTREC_FUZZ_EXAMPLES", "30"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 30,

@@ -9,10 +9,11 @@ import warnings
 import pytest
 from click.testing import CliRunner
 
-from flightrec import FlightrecError, LoadOptions, analyze, load, synth
+from flightrec import FlightrecError, LoadOptions, analyze, load
 from flightrec.cli import main
 from flightrec.errors import NoDumpsError
-from flightrec.readers import loads_plain_pickle
+from flightrec.ingest.safe_read import loads_plain_pickle
+from flightrec.testing import synth
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ def test_every_file_unreadable_exits_2(tmp_path):
 
 def test_unreadable_file_is_refused(job_dir, monkeypatch):
     """Root reads any file, so the permission error is injected where the reader opens the file."""
-    from flightrec import parse_pool
+    from flightrec.ingest import pool as parse_pool
 
     real, real_open = parse_pool.read_dump_bytes, parse_pool._open_dump
 

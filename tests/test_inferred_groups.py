@@ -3,8 +3,8 @@ pg_status only where one group can hold it."""
 
 import polars as pl
 
-from flightrec.inferred_groups import inferred_groups, place_rolled_out_members
-from flightrec.schema import GROUPS, conform
+from flightrec.ingest.group_membership import inferred_groups, place_rolled_out_members
+from flightrec.model.schema import GROUPS, conform
 
 # tp {0,1} {2,3}, dp {0,2} {1,3}; local pg ids on every rank: 0 default, 1 tp, 2 dp. Rank 3's entries show only
 # tp: its dp entries rolled out of its ring, and its pg_status still counts dp collectives (key 2).

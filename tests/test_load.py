@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightrec import LoadOptions, analyze, load, synth
-from flightrec.flatten import _shape_columns
-from flightrec.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
-from flightrec.readers import loads_plain_pickle
-from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
+from flightrec import LoadOptions, analyze, load
+from flightrec.ingest.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
+from flightrec.ingest.normalize import _shape_columns
+from flightrec.ingest.safe_read import loads_plain_pickle
+from flightrec.model.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
+from flightrec.testing import synth
 
 from .conftest import FIXTURES, recorded_cases
 
@@ -111,7 +112,7 @@ def test_cache_is_used_and_invalidated(make_job, tmp_path, monkeypatch):
     first = load(out, opts)
     assert len(list((tmp_path / "c").rglob("entries/*.arrow"))) == len(first.entries.columns) - 1   # (+ group)
     with monkeypatch.context() as patched:   # the second load must not parse a single dump
-        patched.setattr(importlib.import_module("flightrec.load"), "_parse_all", lambda *a, **k: pytest.fail("parsed despite the cache"))
+        patched.setattr(importlib.import_module("flightrec.ingest.load"), "_parse_all", lambda *a, **k: pytest.fail("parsed despite the cache"))
         second = load(out, opts)
     for name in ("entries", "dumps", "stacks", "groups", "members", "pg_status"):
         a, b = getattr(first, name), getattr(second, name)
@@ -205,8 +206,8 @@ def test_worker_batches_come_back_as_one_chunk(make_job, tmp_path, monkeypatch, 
     """Workers hand over one batch of entries each; the trace holds one chunk per column (gathered as they
     come; or, from big input, read back from the cache or a spool file when big, copied in memory when small),
     with the same rows as in-process."""
-    monkeypatch.setattr(importlib.import_module("flightrec.load"), "SPILL_BYTES", 0 if spill else 1 << 60)
-    monkeypatch.setattr(importlib.import_module("flightrec.parse_pool"), "ONE_CHUNK_MAX_INPUT",
+    monkeypatch.setattr(importlib.import_module("flightrec.ingest.load"), "SPILL_BYTES", 0 if spill else 1 << 60)
+    monkeypatch.setattr(importlib.import_module("flightrec.ingest.pool"), "ONE_CHUNK_MAX_INPUT",
                         1 << 60 if gathered else 0)
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=4, steps=3))
     pooled = load(out, LoadOptions(use_cache=use_cache, cache_dir=tmp_path / "cache", workers=2))
@@ -261,7 +262,7 @@ def test_shape_text_and_numel_are_what_python_prints_and_counts(values, cut):
 def test_shapes_sharing_a_hash_still_get_their_own_text(monkeypatch):
     """The hash only proposes: with one that makes every shape collide, each entry is checked against its
     group's first entry and gets its own shape by value (a crafted file can make hashes collide)."""
-    import flightrec.flatten as flatten
+    from flightrec.ingest import normalize as flatten
 
     monkeypatch.setattr(flatten, "_segment_hash", lambda values, lengths: np.zeros(len(lengths), np.uint64))
     values = [[[1, 2471, 1622, 1, 1]], [[59, 1, 1, 2627, 1776]], [[8]], [[8], [8]], [], [[]], None, [[8]], [[2, 4]]]
@@ -273,7 +274,7 @@ def test_shapes_sharing_a_hash_still_get_their_own_text(monkeypatch):
 @pytest.mark.parametrize("at", [1, 999, 1000, 65_536, 65_537, 131_073, 299_999])
 def test_the_rank_and_record_order_check_finds_one_step_back_anywhere(at):
     """The check runs in the streaming engine, a morsel at a time: a step back at a morsel's edge counts too."""
-    check = importlib.import_module("flightrec.load")._sorted_by_rank_and_record
+    check = importlib.import_module("flightrec.ingest.load")._sorted_by_rank_and_record
     rank, record = np.repeat(np.arange(300), 1000), np.tile(np.arange(1000), 300)
     assert check(pl.DataFrame({"rank": rank, "record_id": record}))
     if record[at] == 0:
@@ -335,7 +336,7 @@ def test_a_missing_host_is_named_when_every_known_host_has_a_hole_too():
     """Hosts of 8 ranks: node00000 down (no dump), node00001 and node00002 each missing one dump. The most ranks
     a host showed (7) was taken for the block size, matched nothing, and the whole host down was named rank by
     rank with no host."""
-    from flightrec.topology import _fill_missing_hosts
+    from flightrec.model.topology import _fill_missing_hosts
 
     known = {r: f"node{r // 8:05d}" for r in range(8, 24) if r not in (14, 17)}
     filled = _fill_missing_hosts(known, 24)
@@ -345,8 +346,8 @@ def test_a_missing_host_is_named_when_every_known_host_has_a_hole_too():
 def test_the_workers_row_tables_are_the_arrow_twins_of_the_raw_frames():
     """Workers send groups and statuses as Arrow tables (`flatten.rows_table`), which the parent reads as
     the raw frames: the two schemas must agree column for column, type for type."""
-    from flightrec.flatten import PG_CONFIG_ROWS, PG_STATUS_ROWS
-    from flightrec.schema import PG_STATUS, RAW_PG_CONFIG
+    from flightrec.ingest.normalize import PG_CONFIG_ROWS, PG_STATUS_ROWS
+    from flightrec.model.schema import PG_STATUS, RAW_PG_CONFIG
 
     assert pl.from_arrow(PG_CONFIG_ROWS.empty_table()).schema == RAW_PG_CONFIG
     assert pl.from_arrow(PG_STATUS_ROWS.empty_table()).schema == PG_STATUS
@@ -358,8 +359,8 @@ def test_chunks_cover_the_files_in_rank_order_and_shrink_towards_the_end():
     finish together."""
     from pathlib import Path
 
-    from flightrec import parse_pool
-    from flightrec.discover import DumpFile
+    from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest.discover import DumpFile
 
     mb = 1 << 20
     sizes = [mb] * 700 + [parse_pool.CHUNK_BYTES * 2] + [mb // 2] * 300
@@ -382,7 +383,7 @@ def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
     unreadable files are left aside, with their bytes or None."""
     import gzip
 
-    from flightrec import parse_pool
+    from flightrec.ingest import pool as parse_pool
 
     contents = [b"\x80" + b"a" * 99, b"\x80" + b"b" * 99, b'{"entries": []}', b"\x80" + b"c" * 299,
                 b"\x80" + b"d" * 49, b"\x80" + b"e" * 59]
@@ -410,9 +411,9 @@ def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
 def test_every_chunk_of_entries_has_the_one_derived_schema(case, use_tape):
     """The parent gathers the workers' chunks column by column (`one_chunk`): whatever a chunk held (JSON,
     pickles through either reader, recorder versions with columns absent), its entries have DERIVED_ENTRIES."""
-    from flightrec import parse_pool
-    from flightrec.discover import discover
-    from flightrec.flatten import DERIVED_ENTRIES
+    from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest.discover import discover
+    from flightrec.ingest.normalize import DERIVED_ENTRIES
 
     from .conftest import FIXTURES
     files = discover(FIXTURES / case, None)
@@ -428,13 +429,13 @@ def test_the_garbage_collector_is_paused_while_loading_and_left_as_it_was(make_j
 
     from flightrec import analyze
     seen = []
-    real_parse = importlib.import_module("flightrec.load")._parse_all
+    real_parse = importlib.import_module("flightrec.ingest.load")._parse_all
 
     def parse_noting_gc(*args, **kwargs):
         seen.append(gc.isenabled())
         return real_parse(*args, **kwargs)
 
-    monkeypatch.setattr(importlib.import_module("flightrec.load"), "_parse_all", parse_noting_gc)
+    monkeypatch.setattr(importlib.import_module("flightrec.ingest.load"), "_parse_all", parse_noting_gc)
     out, _ = make_job(synth.Job(tp=2, pp=1, dp=2, steps=2))
     (gc.enable if enabled else gc.disable)()
     try:
@@ -451,7 +452,7 @@ def test_the_garbage_collector_is_paused_while_loading_and_left_as_it_was(make_j
 def test_spool_files_are_in_memory_only_while_gathered(make_job, tmp_path, monkeypatch, gathered):
     """Gathered as they come, the chunks' spool files live in a memory-backed folder (removed with it); kept
     memory-mapped (big input), they stay on disk, where the system can evict their pages."""
-    parse_pool = importlib.import_module("flightrec.parse_pool")
+    parse_pool = importlib.import_module("flightrec.ingest.pool")
     memory = tmp_path / "shm"
     memory.mkdir()
     monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(memory))
@@ -495,7 +496,7 @@ def test_forking_the_pool_beside_idle_library_threads_warns_no_one(make_job, mon
 def test_a_spool_file_that_does_not_fit_goes_to_the_next_folder(tmp_path, monkeypatch):
     """A full memory-backed folder (ENOSPC part-way through) or a missing one: the file goes to the next
     folder, and no partial file is left behind."""
-    parse_pool = importlib.import_module("flightrec.parse_pool")
+    parse_pool = importlib.import_module("flightrec.ingest.pool")
     full, gone, disk = tmp_path / "full", tmp_path / "gone", tmp_path / "disk"
     full.mkdir()
     disk.mkdir()
@@ -518,7 +519,7 @@ def test_a_spool_file_that_does_not_fit_goes_to_the_next_folder(tmp_path, monkey
 
 
 def test_no_memory_spool_where_the_folder_is_missing_or_short_of_room(tmp_path, monkeypatch):
-    parse_pool = importlib.import_module("flightrec.parse_pool")
+    parse_pool = importlib.import_module("flightrec.ingest.pool")
     monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path))
     monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
     with parse_pool._memory_spool() as folder:
@@ -536,7 +537,7 @@ def test_no_memory_spool_where_the_folder_is_missing_or_short_of_room(tmp_path, 
 def test_a_memory_spool_left_by_a_killed_run_is_removed_by_the_next(tmp_path, monkeypatch):
     """A run killed mid-parse leaves its spool folder in memory (held until reboot): the next run removes the
     folders whose process is gone, and leaves a live process's alone."""
-    parse_pool = importlib.import_module("flightrec.parse_pool")
+    parse_pool = importlib.import_module("flightrec.ingest.pool")
     monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path))
     monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
     import subprocess
@@ -555,7 +556,7 @@ def test_a_memory_spool_left_by_a_killed_run_is_removed_by_the_next(tmp_path, mo
 
 def test_rank_lists_parsed_together_read_as_one_at_a_time():
     """The one-call parse of every group's rank list gives what parsing each alone gives, bad ones included."""
-    from flightrec.load import _parse_rank_lists
+    from flightrec.ingest.load import _parse_rank_lists
 
     def alone(texts):
         return [_parse_rank_lists([t])[0] if t is not None else None for t in texts]
@@ -572,8 +573,8 @@ def test_op_and_state_become_enums_straight_from_their_codes_as_the_cast_made_th
     """`_entries_frame` maps op and state's dictionary codes to the enums' own: the same frame as reading them
     as categoricals and casting, with chunks of different dictionaries, nulls, a slice and an all-null chunk;
     a text outside the enum still goes the cast's way, which names it."""
-    from flightrec.load import _as_enum, _entries_frame
-    from flightrec.schema import ENTRIES, Op, State, conform
+    from flightrec.ingest.load import _as_enum, _entries_frame
+    from flightrec.model.schema import ENTRIES, Op, State, conform
 
     def chunk(states, ops):
         n = len(states)

@@ -2,8 +2,10 @@
 
 import polars as pl
 
-from flightrec import load, lookup, synth
-from flightrec.load import _peer_of
+from flightrec import load
+from flightrec.ingest.load import _peer_of
+from flightrec.model import dense_index as lookup
+from flightrec.testing import synth
 
 
 def test_read_by_position_is_a_left_join():

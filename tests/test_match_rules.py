@@ -2,9 +2,9 @@
 
 import polars as pl
 
-from flightrec.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP
-from flightrec.match import match
-from flightrec.schema import GROUPS, MEMBERS, PG_STATUS, conform
+from flightrec.analysis.matching import match
+from flightrec.ingest.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP
+from flightrec.model.schema import GROUPS, MEMBERS, PG_STATUS, conform
 
 
 def entry(rank, seq, op="all_reduce", *, group="g", state="completed", ins="[[8]]", outs=None, dtype="Float",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightrec.one_chunk import OneChunkTable
+from flightrec.ingest.column_builder import OneChunkTable
 
 TEXT = pa.dictionary(pa.int32(), pa.string())
 SCHEMA = pa.schema([("n", pa.int64()), ("small", pa.int32()), ("f", pa.float32()), ("id", pa.uint64()),
@@ -102,7 +102,7 @@ def test_codes_widen_to_four_bytes_past_65536_texts():
 def test_columns_grow_by_copying_where_maps_cannot_be_resized(monkeypatch):
     """Where the system has no mremap (macOS: Python's resize raises SystemError), a column grows into a new
     map with the old one copied in, and reads the same."""
-    from flightrec import one_chunk
+    from flightrec.ingest import column_builder as one_chunk
 
     def no_mremap(old, size):
         return one_chunk._copied(old, size)

@@ -8,8 +8,10 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from flightrec import analyze, plots, synth  # noqa: E402
+from flightrec import analyze
 from flightrec.errors import FlightrecError  # noqa: E402
+from flightrec.report import plots
+from flightrec.testing import synth
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +121,7 @@ def test_a_report_reads_as_one_line_and_a_healthy_wait_graph_says_nobody_waits()
 def test_without_the_notebook_extra_the_error_names_it(report, monkeypatch):
     import sys
 
-    from flightrec import plots
+    from flightrec.report import plots
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # (as if not installed: its import fails)
     with pytest.raises(ImportError, match=r"pip install 'flightrec\[notebook\]'"):
         plots.host_grid(report)

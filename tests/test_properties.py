@@ -9,7 +9,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightrec import analyze, synth
+from flightrec import analyze
+from flightrec.testing import synth
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

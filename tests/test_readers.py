@@ -6,7 +6,7 @@ import pickle
 import pytest
 
 from flightrec.errors import DumpFormatError, UnsafePickleError
-from flightrec.readers import loads_plain_pickle, read_dump
+from flightrec.ingest.safe_read import loads_plain_pickle, read_dump
 
 
 class _Payload:
@@ -64,7 +64,7 @@ def test_a_dump_that_grew_after_its_size_was_read_is_read_to_the_end(tmp_path):
     writing): nothing is cut at the first size."""
     import os
 
-    from flightrec.readers import _read_to_end
+    from flightrec.ingest.safe_read import _read_to_end
 
     path = tmp_path / "grown"
     data = bytes(range(256)) * 5000   # 1.28 MB: past the size given, and past one follow-up read
@@ -128,7 +128,7 @@ def test_a_json_dump_cut_short_gives_the_whole_entries_before_the_cut(tmp_path, 
 def test_a_cut_json_dump_is_noted_as_cut_not_as_missing_its_version(tmp_path):
     """PyTorch's JSON keys are alphabetical: a cut dump keeps its entries and loses `version` after them. The
     dump's problem is the cut; "no 'version' field" beside it sent readers looking for another writer."""
-    from flightrec.flatten import flatten_dump
+    from flightrec.ingest.normalize import flatten_dump
 
     from .conftest import FIXTURES
     data = (FIXTURES / "healthy_json" / "nccl_trace_rank_0").read_bytes()
@@ -157,7 +157,7 @@ def test_a_group_name_and_desc_are_read_from_lists_of_any_length():
     it for some entries only); the element is taken by offset, also from a slice of the column."""
     import pyarrow as pa
 
-    from flightrec.flatten import _list_get
+    from flightrec.ingest.normalize import _list_get
 
     lists = pa.array([["x"], ["a", "b"], ["c"], None, [], ["d", "e", "f"]], type=pa.list_(pa.string()))
     column = pa.chunked_array([lists.slice(1)])

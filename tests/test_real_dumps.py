@@ -101,7 +101,7 @@ def test_no_finding_names_nobody_or_prints_none(case):
 ])
 @pytest.mark.parametrize("variant", [dict(), dict(timing=False), dict(only_active=True), dict(backend="gloo")])
 def test_no_finding_on_a_generated_job_names_nobody_or_prints_none(make_job, fault, variant):
-    from flightrec import synth
+    from flightrec.testing import synth
 
     if variant.get("backend") == "gloo" and fault["kind"] == "wrong_peer":
         pytest.skip("Gloo records no send or receive")

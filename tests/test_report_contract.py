@@ -7,9 +7,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from flightrec.report import Finding
-from flightrec.report_schema import render, report_schema
-from flightrec.vocab import Action, FindingKind
+from flightrec.model.vocab import Action, FindingKind
+from flightrec.report.json_schema import render, report_schema
+from flightrec.report.model import Finding
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDENS = sorted(ROOT.glob("fixtures/**/report.json"))
@@ -17,7 +17,7 @@ GOLDENS = sorted(ROOT.glob("fixtures/**/report.json"))
 
 def test_the_schema_file_is_generated_from_the_code():
     committed = (ROOT / "docs" / "report.schema.json").read_text()
-    assert committed == render(), "run: python -m flightrec.report_schema > docs/report.schema.json"
+    assert committed == render(), "run: python -m flightrec.report.json_schema > docs/report.schema.json"
 
 
 def test_the_schema_is_a_valid_json_schema():

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from flightrec import analyze
-from flightrec.readers import read_dump
+from flightrec.ingest.safe_read import read_dump
 from flightrec.testing import runahead
 
 SCENARIOS = {s.name: s for s in runahead.scenarios()}

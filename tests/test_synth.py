@@ -3,8 +3,8 @@
 
 import pytest
 
-from flightrec import synth
-from flightrec.readers import loads_plain_pickle
+from flightrec.ingest.safe_read import loads_plain_pickle
+from flightrec.testing import synth
 
 from .conftest import FIXTURES
 
@@ -157,4 +157,4 @@ def test_the_generator_imports_no_analyser_constant():
 
     tree = ast.parse(inspect.getsource(synth))
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert modules <= {"__future__", "collections", "collections.abc", "dataclasses", "pathlib", "synth_stacks"}, modules
+    assert modules <= {"__future__", "collections", "collections.abc", "dataclasses", "pathlib", "flightrec.testing.synth_stacks"}, modules

@@ -11,15 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightrec import LoadOptions, load, synth
-from flightrec.flatten import flatten_dump, merge_parts, raw_derived
-from flightrec.readers import read_dump, read_dump_bytes
-from flightrec.schema import KNOWN_DUMP_VERSIONS
+from flightrec import LoadOptions, load
+from flightrec.ingest.normalize import flatten_dump, merge_parts, raw_derived
+from flightrec.ingest.safe_read import read_dump, read_dump_bytes
+from flightrec.model.schema import KNOWN_DUMP_VERSIONS
+from flightrec.testing import synth
 
 from .conftest import FIXTURES
 
 pytest.importorskip("numba")
-from flightrec import fastflat, tape  # noqa: E402  (after the skip: both need numba to run)
+from flightrec.ingest.fastpickle import to_arrow as fastflat
+from flightrec.ingest.fastpickle import walker as tape
 
 ALL_PICKLES = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.read_bytes()[:1] == b"\x80")
 # In the hand-built shape of PyTorch's analyzer tests (dtypes as bare strings, seq ids as strings): no writer's,
@@ -59,7 +61,7 @@ def _decoded(table: pa.Table) -> pa.Table:
 def test_masked_arrays_are_what_arrow_makes_of_a_mask(type_):
     """`flatten.masked_array` (validity packed by numpy) against `pa.array(mask=)`: nulls where not present,
     no bitmap where none is null; a value that does not fit the type refused as Arrow refuses it."""
-    from flightrec.flatten import masked_array
+    from flightrec.ingest.normalize import masked_array
 
     values = np.arange(1, 20) % 7
     values = values.astype(bool) if type_ == pa.bool_() else values
@@ -152,7 +154,7 @@ def _counted(fn, calls: list):
 def test_input_past_the_tables_int32_range_is_left_to_the_unpickler(monkeypatch):
     """Object ids and edge indexes are int32: a batch of more bytes than that holds (here made small) is
     declined whole, and the workers' way then reads its files with the unpickler, the same."""
-    from flightrec import parse_pool
+    from flightrec.ingest import pool as parse_pool
 
     good = PICKLES[0].read_bytes()
     items = [(str(PICKLES[0]), 0), (str(PICKLES[0]), 1)]
@@ -226,7 +228,7 @@ def test_load_gives_the_same_trace_either_way(tmp_path):
 def test_the_jit_start_says_how_to_skip_it(tmp_path, monkeypatch):
     """Read by numba's JIT (never built ahead of time) a load warns once, naming `flightrec build-reader`;
     built, or read by the unpickler, it says nothing."""
-    from flightrec import parse_pool
+    from flightrec.ingest import pool as parse_pool
 
     out = tmp_path / "job"
     synth.generate(synth.Job(tp=2, pp=1, dp=2, steps=2), out)
@@ -274,7 +276,7 @@ def test_a_worker_answers_the_blas_probe_only_while_loading():
 
     code = (
         "import sys\n"
-        "from flightrec import tape\n"
+        "from flightrec.ingest.fastpickle import walker as tape\n"
         "tape.warm(own_process=True)\n"
         "assert tape._walk is not None\n"
         "assert 'scipy.linalg' not in sys.modules\n"

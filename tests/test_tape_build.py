@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 pytest.importorskip("numba")
-from flightrec import parse_pool, tape, tape_build  # noqa: E402  (after the skip)
 from flightrec.errors import FlightrecError  # noqa: E402
+from flightrec.ingest import pool as parse_pool
+from flightrec.ingest.fastpickle import build as tape_build
+from flightrec.ingest.fastpickle import walker as tape
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,14 +67,14 @@ def test_every_tape_test_passes_with_the_built_reader(built):
 def test_the_built_reader_starts_without_numba(built):
     folder, path, _ = built
     code = ("import sys\n"
-            "from flightrec import tape\n"
+            "from flightrec.ingest.fastpickle import walker as tape\n"
             "assert tape.built()\n"
             "tape.warm(own_process=True)\n"
             "print(tape._walk.__module__, 'numba' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=_env(folder))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["flightrec.tape_build", "False"]
+    assert done.stdout.split() == ["flightrec.ingest.fastpickle.build", "False"]
     # (the earlier build for this CPU was removed, another CPU's kept)
     assert sorted(p.name for p in folder.iterdir()) == sorted([path.name, tape_build._file_name(
         "_flightrec_tape_ffffffff_0123456789abcdef")])

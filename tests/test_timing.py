@@ -10,12 +10,13 @@ from click.testing import CliRunner
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flightrec import analyze, load, synth
+from flightrec import analyze, load
+from flightrec.analysis.timing.stragglers import TimingOptions, _threshold, _window, analyze_timing
 from flightrec.api import run_match
 from flightrec.cli import main
-from flightrec.schema import Op
-from flightrec.timing import TimingOptions, _threshold, _window, analyze_timing
-from flightrec.topology import Topology, resolve
+from flightrec.model.schema import Op
+from flightrec.model.topology import Topology, resolve
+from flightrec.testing import synth
 
 from .conftest import FIXTURES, recorded_cases
 
@@ -103,7 +104,7 @@ def test_a_late_host_without_completion_times_is_not_said_to_have_its_clock_corr
     completion times erased.)"""
     import pickle
 
-    from flightrec.readers import read_dump
+    from flightrec.ingest.safe_read import read_dump
 
     fault = synth.Fault(kind="straggler_host", hosts=("node00001",))
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, steps=6, ranks_per_host=2, fault=fault), per_host_folders=True)
@@ -128,7 +129,7 @@ def test_a_straggler_beside_a_host_whose_clock_runs_ahead_is_still_named(tmp_pat
     import pickle
     import shutil
 
-    from flightrec.readers import read_dump
+    from flightrec.ingest.safe_read import read_dump
 
     out = tmp_path / "shifted"
     shutil.copytree(FIXTURES / "straggler_pipeline", out)
@@ -298,7 +299,7 @@ def test_ranks_waiting_on_a_straggler_make_no_slow_link(make_job, job, want):
 def test_slow_groups_are_judged_on_gpu_durations_when_timed():
     """With NCCL timing on, a collective's own time is its shortest member's `duration_ms` (GPU events), not
     the watchdog-stamped span: here the spans say group b is slow (a late poll), the durations say group c."""
-    from flightrec.timing import group_speeds
+    from flightrec.analysis.timing.stragglers import group_speeds
 
     rows, opts = [], TimingOptions(window=8)
     for block, (g, span_ms, dur_ms) in enumerate([("a", 10, 10.0), ("b", 110, 10.0), ("c", 10, 160.0),
@@ -329,7 +330,7 @@ def test_slow_groups_are_judged_on_gpu_durations_when_timed():
 
 
 def test_late_hosts_without_traffic_between_them_are_each_named():
-    from flightrec.echoes import drop_pipeline_echoes
+    from flightrec.analysis.timing.waiting_not_late import drop_pipeline_echoes
 
     per_host = pl.DataFrame({"host": ["a", "b", "c", "d", "x"], "median_late_ms": [100.0, 200.0, 50.0, 90.0, 5.0],
                              "straggler": [True, True, True, True, False]})
@@ -368,7 +369,7 @@ def test_timing_command_lists_slow_host_pairs(make_job, tmp_path):
 
 
 def test_a_slow_p2p_link_is_slow_at_both_ends():
-    from flightrec.echoes import slow_p2p_links
+    from flightrec.analysis.timing.waiting_not_late import slow_p2p_links
 
     ends = {("a", "b"): 5.0, ("b", "a"): 5.0, ("c", "d"): 160.0, ("d", "c"): 158.0,   # c <-> d: slow both ways
             ("e", "f"): 300.0, ("f", "e"): 5.0,                                       # e waits on a late f
@@ -389,7 +390,7 @@ def test_a_slow_host_is_one_host_not_links_to_its_neighbours(make_job):
 def test_a_host_later_than_a_slow_link_is_still_a_straggler():
     """Hosts waiting on a slow link a <-> b are no later than its ends; x, later than both, joined to them only
     through late hosts, is a straggler of its own (when hosts hold stages of several pipelines)."""
-    from flightrec.echoes import drop_link_echoes, waiting_on_links
+    from flightrec.analysis.timing.waiting_not_late import drop_link_echoes, waiting_on_links
 
     per_host = pl.DataFrame({"host": ["a", "b", "c", "x", "y"], "median_late_ms": [500.0, 300.0, 400.0, 1300.0, 1.0],
                              "straggler": [True, False, True, True, False]})
@@ -439,8 +440,8 @@ def test_late_p2p_links_needs_a_late_rank_at_both_ends_of_a_slow_pair(make_job, 
     """`echoes.late_p2p_links` on the slow link node00008 <-> node00010 above, with the late ranks chosen: only a
     pair slow at both ends whose two hosts each hold a late rank is a link (a stage that waits on its own compute
     is slow to talk to, and late, at one end only)."""
-    from flightrec.echoes import late_p2p_links
-    from flightrec.topology import resolve
+    from flightrec.analysis.timing.waiting_not_late import late_p2p_links
+    from flightrec.model.topology import resolve
 
     fault = synth.Fault(kind="slow_link", rank=8, hosts=("node00008", "node00010"), step=1, delay_ms=1000.0)
     job = synth.Job(tp=2, pp=4, dp=2, steps=6, microbatches=4, ranks_per_host=1, version="2.4", timing=True,
@@ -589,7 +590,7 @@ def test_clock_offsets_go_on_past_a_small_first_round():
     """Eleven hosts in a chain, each meeting only its neighbours, clocks 18 ms apart host to host (180 ms end
     to end): in pairs the median is the midpoint, so the first round moves each host by 9 ms at most, yet the
     rounds add up to far more. An early stop after a small first round (tried) read no offsets at all."""
-    from flightrec.timing import clock_offsets
+    from flightrec.analysis.timing.stragglers import clock_offsets
 
     rows, slot = [], 0
     for _ in range(60):
@@ -605,7 +606,7 @@ def test_clock_offsets_go_on_past_a_small_first_round():
 def test_clock_offsets_ignore_sends_and_receives():
     """A send completes before its receive, every time: read as one instant, the pipeline's stages would get
     offsets growing along it (here +-75 ms on three hosts whose clocks agree). Offsets come from collectives."""
-    from flightrec.timing import clock_offsets
+    from flightrec.analysis.timing.stragglers import clock_offsets
 
     rows, inst = [], 0
     for _ in range(10):   # an all_reduce over the three hosts, ending at one instant
@@ -685,7 +686,7 @@ def _shift_clock(src, out, ranks, ms):
     import pickle
     import shutil
 
-    from flightrec.readers import read_dump
+    from flightrec.ingest.safe_read import read_dump
 
     shutil.copytree(FIXTURES / src, out)
     for path in out.rglob("nccl_trace_rank_*"):
@@ -744,7 +745,7 @@ def test_an_error_on_timings_second_thread_reaches_the_caller(monkeypatch):
     def broken(*_):
         raise RuntimeError("group speeds broke")
 
-    monkeypatch.setattr("flightrec.timing.group_speeds", broken)
+    monkeypatch.setattr("flightrec.analysis.timing.stragglers.group_speeds", broken)
     with pytest.raises(RuntimeError, match="group speeds broke"):
         analyze_timing(m, trace.groups, resolve(world_size=trace.world_size, from_dumps=trace.hosts),
                        entries=trace.entries)
@@ -754,11 +755,11 @@ def test_analyze_reads_timestamps_beside_the_waits_with_the_same_result_and_erro
     """analyze runs the timing analysis on a second thread while it follows the waits and diagnoses, which waits
     for it only where a finding needs it: on the straggler fixture the result is what each step gives in turn,
     and a failure in timing reaches the caller."""
+    from flightrec.analysis.localize import locate
+    from flightrec.analysis.timing.stragglers import findings as timing_findings
+    from flightrec.analysis.wait_graph import build_waits
     from flightrec.api import diagnose_matched
-    from flightrec.locate import locate
-    from flightrec.rootcause import diagnose
-    from flightrec.timing import findings as timing_findings
-    from flightrec.waits import build_waits
+    from flightrec.diagnosis.rules import diagnose
 
     trace = load(FIXTURES / "straggler")
     m = run_match(trace)
@@ -785,7 +786,16 @@ def test_nothing_analyze_runs_beside_timing_calls_back_into_python_from_polars()
     """analyze runs timing on a second thread beside the waits and the diagnosis: a Polars expression that calls
     Python (map_elements, map_batches) in any of them could deadlock the two threads on the GIL."""
     import flightrec
-    from flightrec import cycles, echoes, locate, lookup, report, rootcause, timing, topology, unfelt, waits
+    from flightrec.analysis import deadlock_blame as cycles
+    from flightrec.analysis import localize as locate
+    from flightrec.analysis import wait_graph as waits
+    from flightrec.analysis.timing import clock_offsets as unfelt
+    from flightrec.analysis.timing import stragglers as timing
+    from flightrec.analysis.timing import waiting_not_late as echoes
+    from flightrec.diagnosis import rules as rootcause
+    from flightrec.model import dense_index as lookup
+    from flightrec.model import topology
+    from flightrec.report import model as report
 
     for module in (cycles, echoes, locate, lookup, report, rootcause, timing, topology, unfelt, waits):
         source = Path(module.__file__).read_text()

@@ -71,7 +71,7 @@ def test_a_new_dialects_broken_forms_get_a_line_each_and_the_rest_is_analysed(tm
     import pickle
     import shutil
 
-    from flightrec.readers import loads_plain_pickle
+    from flightrec.ingest.safe_read import loads_plain_pickle
 
     job = tmp_path / "job"
     shutil.copytree(CASES / "torchcomms_not_joined", job)

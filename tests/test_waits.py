@@ -6,7 +6,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightrec.waits import WAIT_EDGES, waits_from_edges
+from flightrec.analysis.wait_graph import WAIT_EDGES, waits_from_edges
 
 _nodes = st.sampled_from([f"r:{i}" for i in range(6)] + ["g:0", "g:1", "g:2"])
 

@@ -1,6 +1,6 @@
 """Small NCCL jobs with the CPU running ahead of the GPU, written as PyTorch's recorder (version 2.10) dumps them.
 
-`flightrec.synth` records an op only once the one before it finished: one op in flight per rank. Real jobs
+`flightrec.testing.synth` records an op only once the one before it finished: one op in flight per rank. Real jobs
 don't run so. The CPU enqueues (records, `scheduled`) its ops until Python needs a result (an `.item()`, the
 token counts of an MoE layer, a blocking receive); the GPU runs each process group's ops on a stream of its
 own (and each peer pair's single sends and receives on another), a stream's ops in order; a blocking

@@ -1,0 +1,5 @@
+"""The command line (`flightrec ...`): `main` is the click group, `entry` the console script."""
+
+from flightrec.cli.commands import entry, main
+
+__all__ = ["entry", "main"]

@@ -1,0 +1,441 @@
+"""Command line: arguments -> Python API -> render -> exit code. No analysis happens here.
+
+Exit codes: 0 healthy, 1 fault found (or inconclusive: read `verdict`), 2 usage error or unusable input,
+70 internal error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import click
+import polars as pl
+
+from flightrec import __version__
+from flightrec.api import AnalyzeOptions, analyze, run_match
+from flightrec.errors import DumpProblemWarning, FlightrecError
+from flightrec.ingest.load import LoadOptions, load
+
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+
+
+# ---------------------------------------------------------------------------------------------- plumbing
+
+
+def _guard(fn):
+    """Library errors become one line on stderr (exit 2); anything else is our bug (exit 70). Every warning is
+    shown (each file's problems, one by one), except a dependency's notice that an API it offers will change:
+    nothing the person reading the report can act on."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        quiet = kwargs.get("quiet", False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            warnings.showwarning = lambda msg, *a, **k: None if quiet else click.echo(f"warning: {msg}", err=True)
+            try:
+                return fn(*args, **kwargs)
+            except FlightrecError as exc:
+                click.echo(f"error: {exc}", err=True)
+                sys.exit(EXIT_USAGE)
+            except (click.exceptions.Exit, click.ClickException, SystemExit):
+                raise
+            except BrokenPipeError:
+                # (piped into `head`, which stopped reading: not an error. Python's own advice: point stdout at
+                # devnull so the flush at exit doesn't raise again)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(0)
+            except OSError as exc:   # the machine's, not ours: a folder not writable, a full disk
+                click.echo(f"error: {exc.strerror or exc}{f': {exc.filename}' if exc.filename else ''}", err=True)
+                sys.exit(EXIT_USAGE)
+            except KeyboardInterrupt:
+                click.echo("interrupted", err=True)
+                sys.exit(130)
+            except Exception as exc:  # noqa: BLE001 - the last line of defence
+                click.echo(f"internal error: {type(exc).__name__}: {exc}\nThis is a flightrec bug: please report it "
+                           "with the command line and, if you can, the dumps.", err=True)
+                sys.exit(EXIT_INTERNAL)
+
+    return wrapper
+
+
+def _keep_reader(ctx: click.Context, _param, value: str) -> None:
+    ctx.meta["flightrec.reader"] = value
+
+
+def load_options(fn):
+    """Options shared by every command that reads dumps."""
+    decorators = [
+        click.argument("dump_dir", type=click.Path(path_type=Path)),
+        click.option("--prefix", help="File-name prefix before the rank (default: any name ending in a number)."),
+        click.option("--world-size", type=click.IntRange(min=1),
+                     help="Ranks in the job, when the dumps don't say (Gloo dumps don't)."),
+        click.option("--no-cache", is_flag=True, help="Don't read or write the cache of parsed dumps."),
+        click.option("--workers", type=click.IntRange(min=1), help="Processes for parsing (default: all cores)."),
+        # (not a parameter of every command: kept in the context, read where the load options are made)
+        click.option("--reader", type=click.Choice(["auto", "tape", "unpickler"]), default="auto", expose_value=False,
+                     callback=_keep_reader,
+                     help="Pickle reader: 'tape' (compiled, needs the fast extra), 'unpickler', or 'auto' (the "
+                          "tape from 128 MB of pickles when installed)."),
+        click.option("-q", "--quiet", is_flag=True, help="No progress bar and no warnings on stderr."),
+    ]
+    for d in reversed(decorators):
+        fn = d(fn)
+    return fn
+
+
+hosts_option = click.option(
+    "--hosts", "hosts_file", type=click.Path(path_type=Path, dir_okay=False),
+    help="rank -> host map: CSV 'rank,host' with a header, or JSON {\"rank\": \"host\"}.")
+ranks_per_host_option = click.option(
+    "--ranks-per-host", type=click.IntRange(min=1), help="Hosts hold N consecutive ranks each.")
+
+
+table_format_option = click.option("-f", "--format", "fmt", type=click.Choice(["text", "json"]), default="text",
+                                   show_default=True, help="Text for people, JSON for scripts.")
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool):
+    """A progress bar on stderr for file parsing, only on a terminal."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("loading dumps", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
+    reader = click.get_current_context().meta.get("flightrec.reader", "auto")
+    return LoadOptions(prefix=prefix, world_size=world_size, use_cache=not no_cache, workers=workers,
+                       progress=progress, reader=reader)
+
+
+def _check_writable(output: Path | None) -> None:
+    """Before the analysis, not after it: a big job's report must not be lost to a typo in -o."""
+    if output is None:
+        return
+    folder = output.parent
+    if str(output) in ("", ".") or output.is_dir():
+        raise FlightrecError(f"-o {output!s}: is a folder; give a file name")
+    if not folder.is_dir():
+        raise FlightrecError(f"-o {output}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise FlightrecError(f"-o {output}: not writable")
+
+
+def _emit(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=not text.endswith("\n"))
+    else:
+        output.write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def entry() -> None:
+    """The `flightrec` script and `python -m flightrec`: `main`, then out without tearing the interpreter down.
+    Nothing is left to do once a command has written its output, and freeing a big analysis object by object
+    took 0.18-0.26 s of a 2.7 s `flightrec analyze` at 8,192 ranks (0.06-0.1 s this way). Output is flushed
+    first; a message given to sys.exit is printed as Python would."""
+    try:
+        main(prog_name="flightrec")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except BrokenPipeError:   # (piped into `head`, which stopped reading: not an error)
+        pass
+    os._exit(code or 0)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="flightrec")
+def main():
+    """Find the rank, host or link that broke a distributed PyTorch job, from its flight-recorder dumps.
+
+    \b
+    Start here:  flightrec analyze /path/to/dumps
+    Exit codes:  0 healthy, 1 fault found (or inconclusive), 2 bad input or usage, 70 internal error.
+    """
+
+
+@main.command("analyze")
+@load_options
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
+              show_default=True, help="text for people, json for automation, markdown for a ticket.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), help="Write the report here.")
+@hosts_option
+@click.option("--topology", "topology_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="host -> switch map: CSV 'host,switch'.")
+@ranks_per_host_option
+@click.option("--pg", help="Only analyse the process groups with this name or desc (the report says so: a rank "
+              "can be waiting in a group left out).")
+@click.option("--trigger", type=click.Choice(["auto", "timeout", "on-demand"]), default="auto", show_default=True,
+              help="What wrote the dumps: 'timeout' (the watchdog, after a collective timed out: collectives in flight "
+              "everywhere are a hang), 'on-demand' (a snapshot of a running job), 'auto' (read from their times).")
+@_guard
+def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
+                ranks_per_host, pg, trigger):
+    """Name the root cause of a hang or crash: rank(s), host(s) or link.
+
+    \b
+    Example:
+      flightrec analyze /shared/fr_dumps/job1234 --ranks-per-host 8
+      flightrec analyze dumps/ --trigger timeout --format json | jq -r '.culprits.hosts_to_drain[]'
+    """
+    _check_writable(output)
+    # (each dump's problems are findings in the report: said there, not on stderr too)
+    warnings.simplefilter("ignore", DumpProblemWarning)
+    with _progress(quiet) as progress:
+        report = analyze(dump_dir, AnalyzeOptions(
+            load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
+            topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger))
+    if fmt == "json":
+        text = json.dumps(report.to_dict(), indent=2) + "\n"
+    elif fmt == "markdown":
+        text = report.to_markdown()
+    else:
+        text = report.to_text()
+        if output is None and sys.stdout.isatty():
+            colour = {"healthy": "green", "fault": "red", "inconclusive": "yellow"}[report.verdict]
+            first, _, rest = text.partition("\n")
+            text = click.style(first, fg=colour, bold=True) + "\n" + rest
+    _emit(text, output)
+    sys.exit(report.exit_code)
+
+
+@main.command("load")
+@load_options
+@table_format_option
+@_guard
+def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
+    """Load the dumps and print what was found: ranks, entries, groups, versions, refused files.
+
+    \b
+    Example:
+      flightrec load dumps/
+    """
+    with _progress(quiet) as progress:
+        trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, progress))
+    if fmt == "json":
+        from flightrec.report.tables import as_json
+        click.echo(as_json(trace.summary_dict()), nl=False)
+    else:
+        click.echo(trace.summary())
+
+
+@main.command()
+@load_options
+@click.option("-r", "--rank", "ranks", type=int, multiple=True, help="Only these ranks (repeat the option).")
+@click.option("--pg", help="Only the process group with this name or desc.")
+@click.option("--last", type=click.IntRange(min=1), default=20, show_default=True, help="Last N entries per rank.")
+@click.option("--around", type=int, help="Side by side across ranks: collectives seq-5..seq+5 in --pg.")
+@table_format_option
+@_guard
+def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, last, around, fmt):
+    """Print recorded entries, or compare ranks side by side around a sequence id.
+
+    \b
+    Examples:
+      flightrec entries dumps/ --rank 5 --last 10
+      flightrec entries dumps/ --pg tp --rank 4 --rank 5 --around 17
+    """
+    from flightrec.report import tables as views
+
+    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    if around is not None and fmt == "json":
+        frames = views.side_by_side_frames(trace, ranks=list(ranks), pg=pg, seq=around)
+        click.echo(views.as_json([{**label, "rows": wide} for label, wide in frames]), nl=False)
+    elif around is not None:
+        click.echo(views.side_by_side(trace, ranks=list(ranks), pg=pg, seq=around))
+    elif fmt == "json":
+        click.echo(views.as_json(views.entries_frame(trace, ranks=list(ranks), pg=pg, last=last)), nl=False)
+    else:
+        click.echo(views.entries_table(trace, ranks=list(ranks), pg=pg, last=last))
+
+
+@main.command()
+@load_options
+@table_format_option
+@_guard
+def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
+    """Group ranks by the stack of their last unfinished entry.
+
+    \b
+    Example:
+      flightrec stacks dumps/
+    """
+    from flightrec.report import tables as views
+
+    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    click.echo(views.as_json(views.stack_groups_frame(trace)) if fmt == "json" else views.stack_groups(trace),
+               nl=fmt != "json")
+
+
+@main.command()
+@load_options
+@table_format_option
+@_guard
+def groups(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
+    """List process groups: size, desc, members and how far they got.
+
+    \b
+    Example:
+      flightrec groups dumps/
+    """
+    from flightrec.report import tables as views
+
+    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    if fmt == "json":
+        click.echo(views.as_json(views.groups_frame(trace, run_match(trace), ranks_as_text=False)), nl=False)
+    else:
+        click.echo(views.groups_table(trace, run_match(trace)))
+
+
+@main.command("cache")
+@click.option("--clear", is_flag=True, help="Remove every cache (a write in progress elsewhere is left alone).")
+@click.option("-q", "--quiet", is_flag=True, help="No warnings.")
+@_guard
+def cache_cmd(clear, quiet):
+    """List the caches of parsed dumps (where, how big, last used), or remove them all.
+
+    The cache lives in $FLIGHTREC_CACHE_DIR, else ~/.cache/flightrec; writing one removes the least recently used
+    others until all fit $FLIGHTREC_CACHE_MAX_GB (default 20).
+
+    \b
+    Examples:
+      flightrec cache
+      flightrec cache --clear
+    """
+    from flightrec.report.tables import text_table
+    from flightrec.store import cache
+
+    where = cache.cache_root(LoadOptions())
+    if clear:
+        removed = cache.prune(where, keep=None, budget_bytes=0)
+        click.echo(f"removed {len(removed)} cache(s) from {where}")
+        return
+    found = cache.caches(where)
+    if found.height:
+        click.echo(text_table(found.select(
+            "root", pl.col("prefix").fill_null("(any)").alias("--prefix"), "files",
+            (pl.col("bytes") / 2**30).round(2).alias("GiB"),
+            pl.col("last_used").dt.strftime("%Y-%m-%d %H:%M").alias("last used (UTC)")), max_width=80))
+    total, budget = (found["bytes"].sum() or 0) / 2**30, cache.max_bytes()
+    limit = "no limit" if budget == sys.maxsize else f"at most {budget / 2**30:g} GiB"
+    click.echo(f"{found.height} cache(s), {total:.2f} GiB in {where} ({limit}: FLIGHTREC_CACHE_MAX_GB)")
+
+
+@main.command("build-reader")
+@_guard
+def build_reader():
+    """Compile the fast pickle reader ahead of time: once per installation, ~20 s. Needs the `fast` extra (numba)
+    and a C compiler.
+
+    Each parsing worker then starts it in milliseconds instead of ~0.7 s (numba's start), and it is used for
+    dumps of any size (without it, only above 128 MB): 1,024 ranks x 200 entries load 2.4x faster. It is only
+    ever used for the numba, Python and flightrec it was built with; `analyze` never needs it.
+
+    \b
+    Example:
+      pip install 'flightrec[fast]' && flightrec build-reader
+    """
+    import time
+
+    from flightrec.ingest.fastpickle import build as tape_build
+
+    start = time.perf_counter()
+    path = tape_build.build()
+    click.echo(f"built the compiled reader in {time.perf_counter() - start:.0f} s: {path}")
+
+
+@main.command()
+@load_options
+@hosts_option
+@ranks_per_host_option
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per table.")
+@table_format_option
+@_guard
+def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, ranks_per_host, top, fmt):
+    """Lateness per rank and host (clock offsets removed), and slow groups, from the timestamps.
+
+    \b
+    Example:
+      flightrec timing dumps/ --ranks-per-host 8
+    """
+    from flightrec.analysis.timing.stragglers import lateness_dict, lateness_table
+
+    report = analyze(dump_dir, AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
+                                              hosts_file=hosts_file, ranks_per_host=ranks_per_host))
+    # (a rank late once, past the timeout, is a root cause `analyze` names, not a straggler: a median hides it)
+    late_joins = [f for f in report.root_causes if f.kind == "straggler"]
+    if fmt == "json":
+        from flightrec.report.tables import as_json
+        click.echo(as_json({**lateness_dict(report.timing, top=top, late_joins=late_joins),
+                            "only_active": report.dumps.only_active}), nl=False)
+        return
+    if report.dumps.only_active:
+        click.echo("These dumps hold only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): nothing finished is "
+                   "left to time, so lateness is read from the collectives in flight alone.\n")
+    click.echo(lateness_table(report.timing, top=top, late_joins=late_joins))
+
+
+@main.command()
+@load_options
+@click.argument("out", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--shard-only", is_flag=True,
+              help="Only the parsed tables (a shard for `analyze`), not the matching frames: for one host's dumps.")
+@click.option("--host", help="Host name to record for these dumps when their names don't say (e.g. $(hostname)).")
+@_guard
+def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_only, host):
+    """Export dumps as Parquet into OUT: the parsed tables (a shard `analyze` reads without any pickle) and,
+    unless --shard-only, every analysis frame (groups, collectives, progress, p2p...) for other tools.
+
+    \b
+    Examples:
+      flightrec convert dumps/ dumps_parquet/
+      flightrec convert /tmp/fr shards/$(hostname) --shard-only --host $(hostname)   # on each host
+      flightrec analyze shards/                                                   # anywhere
+    """
+    from flightrec.ingest.load import load_raw
+    from flightrec.report import tables as views
+    from flightrec.store.cache import TABLES
+    from flightrec.store.shards import check_replaceable, write_shard
+
+    check_replaceable(out)   # (before the parse, which can take minutes)
+    opts = _load_opts(prefix, world_size, no_cache, workers, None)
+    write_shard(load_raw(dump_dir, opts), out, source=str(dump_dir), host=host)
+    click.echo(f"wrote the shard to {out}: {', '.join(TABLES)}")
+    if not shard_only:
+        trace = load(out, opts)
+        frames = [p.stem for p in views.export_parquet(trace, run_match(trace), out / "frames")]
+        click.echo(f"wrote {len(frames)} Parquet tables to {out / 'frames'}: {', '.join(frames)}")
+
+
+if __name__ == "__main__":
+    main()
