@@ -26,7 +26,7 @@ import json, time, warnings
 warnings.simplefilter("ignore")
 import flightrec
 t = time.perf_counter()
-trace = flightrec.ingest.load({d!r}, flightrec.LoadOptions(use_cache=False))
+trace = flightrec.load({d!r}, flightrec.LoadOptions(use_cache=False))
 print(json.dumps({{"s": time.perf_counter() - t, "entries": trace.entries.height}}))
 """
 

@@ -28,7 +28,8 @@ from .measure import ANALYZE, gib, median_of, run
 CONVERT = """
 import json, time, warnings
 warnings.simplefilter("ignore")
-from flightrec.ingest.load import LoadOptions, load_raw
+from flightrec.model.trace import LoadOptions
+from flightrec.ingest.load import load_raw
 from flightrec.store.shards import write_shard
 t = time.perf_counter()
 raw = load_raw({src!r}, LoadOptions(use_cache=False))

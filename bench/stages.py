@@ -47,12 +47,12 @@ import flightrec
 from flightrec.api import run_match
 from flightrec.analysis.wait_graph import build_waits
 from flightrec.analysis.localize import locate
-from flightrec.diagnosis.rules import diagnose
+from flightrec.diagnosis.verdict import diagnose
 from flightrec.analysis.timing.stragglers import analyze_timing
 from flightrec.model.topology import resolve
 out = {{}}
 t = time.perf_counter()
-trace = flightrec.ingest.load({d!r}, flightrec.LoadOptions(use_cache=False))
+trace = flightrec.load({d!r}, flightrec.LoadOptions(use_cache=False))
 out["ingest"] = time.perf_counter() - t
 t = time.perf_counter(); m = run_match(trace); out["match"] = time.perf_counter() - t
 topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, ranks_per_host=8)
@@ -89,8 +89,8 @@ print(json.dumps(out))
 # What analyze does after matching, as it does it; and without timing. (A revision before
 # `api.diagnose_matched`, for --against: one after the other, as its analyze did.)
 DIAGNOSE_MATCHED = """
-from flightrec.diagnosis.rules import diagnose
-from flightrec.analysis.timing.stragglers import findings as timing_findings
+from flightrec.diagnosis.verdict import diagnose
+from flightrec.diagnosis.stragglers import straggler_findings as timing_findings
 try:
     from flightrec.api import diagnose_matched
 except ImportError:
@@ -117,7 +117,7 @@ from flightrec.analysis.localize import locate
 from flightrec.analysis.timing.stragglers import analyze_timing
 from flightrec.model.topology import resolve
 {diagnose_matched}
-trace = flightrec.ingest.load({d!r})
+trace = flightrec.load({d!r})
 topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, ranks_per_host=8)
 t = time.perf_counter(); m = run_match(trace); match_s = time.perf_counter() - t
 t = time.perf_counter()
@@ -141,7 +141,7 @@ def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | Non
               for head in heads.values() for beside in (False, True)]
     runs = runs_alternated(list(codes.values()), repeat)
     # (the first-time runs read the dumps from the cache: written here, once)
-    run(f"import json, flightrec; flightrec.ingest.load({str(d)!r}); print(json.dumps({{'s': 0}}))")
+    run(f"import json, flightrec; flightrec.load({str(d)!r}); print(json.dumps({{'s': 0}}))")
     first = runs_alternated(firsts, 2 * repeat)   # (a difference of two noisy medians: twice the runs)
     rows = []
     for i, (label, done) in enumerate(zip(codes, runs)):

@@ -2,7 +2,8 @@
 
 from flightrec.api import AnalyzeOptions, analyze
 from flightrec.errors import FlightrecError
-from flightrec.ingest.load import LoadOptions, Trace, load
+from flightrec.ingest.load import load
+from flightrec.model.trace import LoadOptions, Trace
 from flightrec.report.model import Finding, Report
 
 __all__ = ["AnalyzeOptions", "Finding", "FlightrecError", "LoadOptions", "Report", "Trace", "analyze", "load"]

@@ -14,15 +14,18 @@ from flightrec.analysis.dump_times import TRIGGERS, Waited, dump_moments, waited
 from flightrec.analysis.gpu_position import unit_pending
 from flightrec.analysis.localize import Location, locate
 from flightrec.analysis.matching import Matching, match, written_only_active
-from flightrec.analysis.timing.stragglers import TimingOptions, TimingResult, analyze_timing
-from flightrec.analysis.timing.stragglers import findings as timing_to_findings
+from flightrec.analysis.timing.options import TimingOptions, TimingResult
+from flightrec.analysis.timing.stragglers import analyze_timing
 from flightrec.analysis.wait_graph import Waits, build_waits
 from flightrec.diagnosis.actions import headline, summary_line, with_actions
-from flightrec.diagnosis.rules import NOTHING_WRONG, diagnose, without_path
+from flightrec.diagnosis.collection import without_path
+from flightrec.diagnosis.stragglers import straggler_findings
+from flightrec.diagnosis.verdict import NOTHING_WRONG, diagnose
 from flightrec.errors import DumpProblemWarning, FlightrecError, require_count
-from flightrec.ingest.load import LoadOptions, Trace, load
+from flightrec.ingest.load import load
 from flightrec.ingest.pool import paused_gc
 from flightrec.model.topology import Topology, resolve
+from flightrec.model.trace import LoadOptions, Trace
 from flightrec.report.model import DumpSummary, Finding, Report
 
 
@@ -103,7 +106,7 @@ def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
 
     def read_timestamps() -> tuple[TimingResult, list[Finding]]:
         timing = analyze_timing(m, trace.groups, topo, timing_options, entries=trace.entries)
-        return timing, timing_to_findings(timing, trace.groups, topo)
+        return timing, straggler_findings(timing, trace.groups, topo)
 
     # (No Polars expression on either side calls back into Python, map_elements or map_batches: such a callback
     # needs the GIL from inside Polars' shared thread pool, and can deadlock with another Python thread.)

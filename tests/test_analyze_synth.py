@@ -11,7 +11,7 @@ import pytest
 
 from flightrec import analyze
 from flightrec.analysis import wait_graph as waits
-from flightrec.diagnosis.rules import all_with_a_dump_joined
+from flightrec.diagnosis.missing import all_with_a_dump_joined
 from flightrec.model.topology import Topology
 from flightrec.testing import synth
 

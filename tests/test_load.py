@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightrec import LoadOptions, analyze, load
-from flightrec.ingest.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
-from flightrec.ingest.normalize import _shape_columns
+from flightrec.ingest.derive import _shape_columns
 from flightrec.ingest.safe_read import loads_plain_pickle
 from flightrec.model.schema import GROUPS, MEMBERS, PG_STATUS, STACKS
+from flightrec.model.trace import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP, format_ranks
 from flightrec.testing import synth
 
 from .conftest import FIXTURES, recorded_cases
@@ -262,9 +262,9 @@ def test_shape_text_and_numel_are_what_python_prints_and_counts(values, cut):
 def test_shapes_sharing_a_hash_still_get_their_own_text(monkeypatch):
     """The hash only proposes: with one that makes every shape collide, each entry is checked against its
     group's first entry and gets its own shape by value (a crafted file can make hashes collide)."""
-    from flightrec.ingest import normalize as flatten
+    from flightrec.ingest import derive
 
-    monkeypatch.setattr(flatten, "_segment_hash", lambda values, lengths: np.zeros(len(lengths), np.uint64))
+    monkeypatch.setattr(derive, "_segment_hash", lambda values, lengths: np.zeros(len(lengths), np.uint64))
     values = [[[1, 2471, 1622, 1, 1]], [[59, 1, 1, 2627, 1776]], [[8]], [[8], [8]], [], [[]], None, [[8]], [[2, 4]]]
     text, numel = _shape_columns(pa.chunked_array([pa.array(values, type=pa.list_(pa.list_(pa.int64())))]))
     assert text.to_pylist() == [None if v is None else str(v) for v in values]
@@ -274,7 +274,7 @@ def test_shapes_sharing_a_hash_still_get_their_own_text(monkeypatch):
 @pytest.mark.parametrize("at", [1, 999, 1000, 65_536, 65_537, 131_073, 299_999])
 def test_the_rank_and_record_order_check_finds_one_step_back_anywhere(at):
     """The check runs in the streaming engine, a morsel at a time: a step back at a morsel's edge counts too."""
-    check = importlib.import_module("flightrec.ingest.load")._sorted_by_rank_and_record
+    check = importlib.import_module("flightrec.ingest.assemble")._sorted_by_rank_and_record
     rank, record = np.repeat(np.arange(300), 1000), np.tile(np.arange(1000), 300)
     assert check(pl.DataFrame({"rank": rank, "record_id": record}))
     if record[at] == 0:
@@ -344,7 +344,7 @@ def test_a_missing_host_is_named_when_every_known_host_has_a_hole_too():
 
 
 def test_the_workers_row_tables_are_the_arrow_twins_of_the_raw_frames():
-    """Workers send groups and statuses as Arrow tables (`flatten.rows_table`), which the parent reads as
+    """Workers send groups and statuses as Arrow tables (`normalize.rows_table`), which the parent reads as
     the raw frames: the two schemas must agree column for column, type for type."""
     from flightrec.ingest.normalize import PG_CONFIG_ROWS, PG_STATUS_ROWS
     from flightrec.model.schema import PG_STATUS, RAW_PG_CONFIG
@@ -360,7 +360,7 @@ def test_chunks_cover_the_files_in_rank_order_and_shrink_towards_the_end():
     from pathlib import Path
 
     from flightrec.ingest import pool as parse_pool
-    from flightrec.ingest.discover import DumpFile
+    from flightrec.model.trace import DumpFile
 
     mb = 1 << 20
     sizes = [mb] * 700 + [parse_pool.CHUNK_BYTES * 2] + [mb // 2] * 300
@@ -412,8 +412,8 @@ def test_every_chunk_of_entries_has_the_one_derived_schema(case, use_tape):
     """The parent gathers the workers' chunks column by column (`one_chunk`): whatever a chunk held (JSON,
     pickles through either reader, recorder versions with columns absent), its entries have DERIVED_ENTRIES."""
     from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest.derive import DERIVED_ENTRIES
     from flightrec.ingest.discover import discover
-    from flightrec.ingest.normalize import DERIVED_ENTRIES
 
     from .conftest import FIXTURES
     files = discover(FIXTURES / case, None)
@@ -556,7 +556,7 @@ def test_a_memory_spool_left_by_a_killed_run_is_removed_by_the_next(tmp_path, mo
 
 def test_rank_lists_parsed_together_read_as_one_at_a_time():
     """The one-call parse of every group's rank list gives what parsing each alone gives, bad ones included."""
-    from flightrec.ingest.load import _parse_rank_lists
+    from flightrec.ingest.assemble import _parse_rank_lists
 
     def alone(texts):
         return [_parse_rank_lists([t])[0] if t is not None else None for t in texts]
@@ -573,7 +573,7 @@ def test_op_and_state_become_enums_straight_from_their_codes_as_the_cast_made_th
     """`_entries_frame` maps op and state's dictionary codes to the enums' own: the same frame as reading them
     as categoricals and casting, with chunks of different dictionaries, nulls, a slice and an all-null chunk;
     a text outside the enum still goes the cast's way, which names it."""
-    from flightrec.ingest.load import _as_enum, _entries_frame
+    from flightrec.ingest.raw_frames import _as_enum, _entries_frame
     from flightrec.model.schema import ENTRIES, Op, State, conform
 
     def chunk(states, ops):

@@ -3,7 +3,7 @@
 import polars as pl
 
 from flightrec import load
-from flightrec.ingest.load import _peer_of
+from flightrec.ingest.assemble import _peer_of
 from flightrec.model import dense_index as lookup
 from flightrec.testing import synth
 

@@ -3,8 +3,8 @@
 import polars as pl
 
 from flightrec.analysis.matching import match
-from flightrec.ingest.load import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP
 from flightrec.model.schema import GROUPS, MEMBERS, PG_STATUS, conform
+from flightrec.model.trace import DUMPS_WITH_LOADED, ENTRIES_WITH_GROUP
 
 
 def entry(rank, seq, op="all_reduce", *, group="g", state="completed", ins="[[8]]", outs=None, dtype="Float",

@@ -157,7 +157,7 @@ def test_a_group_name_and_desc_are_read_from_lists_of_any_length():
     it for some entries only); the element is taken by offset, also from a slice of the column."""
     import pyarrow as pa
 
-    from flightrec.ingest.normalize import _list_get
+    from flightrec.ingest.derive import _list_get
 
     lists = pa.array([["x"], ["a", "b"], ["c"], None, [], ["d", "e", "f"]], type=pa.list_(pa.string()))
     column = pa.chunked_array([lists.slice(1)])

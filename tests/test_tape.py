@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightrec import LoadOptions, load
-from flightrec.ingest.normalize import flatten_dump, merge_parts, raw_derived
+from flightrec.ingest.derive import raw_derived
+from flightrec.ingest.normalize import flatten_dump, merge_parts
 from flightrec.ingest.safe_read import read_dump, read_dump_bytes
 from flightrec.model.schema import KNOWN_DUMP_VERSIONS
 from flightrec.testing import synth
@@ -32,7 +33,7 @@ PICKLES = [p for p in ALL_PICKLES if p not in NOT_A_WRITERS_SHAPE]
 
 def _same(want: dict, got: dict) -> None:
     """The same part, but that the tape reader gives texts as dictionaries of its own, shapes and lists of text
-    as their text, where the unpickler gives strings and nested lists (`flatten.raw_derived`): compared as the
+    as their text, where the unpickler gives strings and nested lists (`derive.raw_derived`): compared as the
     values they make."""
     assert got is not None
     assert set(got) == set(want)
@@ -59,9 +60,9 @@ def _decoded(table: pa.Table) -> pa.Table:
 
 @pytest.mark.parametrize("type_", [pa.int64(), pa.int32(), pa.float64(), pa.bool_(), pa.uint64()])
 def test_masked_arrays_are_what_arrow_makes_of_a_mask(type_):
-    """`flatten.masked_array` (validity packed by numpy) against `pa.array(mask=)`: nulls where not present,
+    """`derive.masked_array` (validity packed by numpy) against `pa.array(mask=)`: nulls where not present,
     no bitmap where none is null; a value that does not fit the type refused as Arrow refuses it."""
-    from flightrec.ingest.normalize import masked_array
+    from flightrec.ingest.derive import masked_array
 
     values = np.arange(1, 20) % 7
     values = values.astype(bool) if type_ == pa.bool_() else values

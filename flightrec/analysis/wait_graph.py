@@ -19,7 +19,7 @@ import polars as pl
 
 from flightrec.analysis.gpu_position import oldest_pending
 from flightrec.analysis.matching import Matching, last_group_per_rank
-from flightrec.ingest.group_membership import of_a_kind
+from flightrec.model.schema import of_a_kind
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -20,7 +20,8 @@ import polars as pl
 from flightrec import __version__
 from flightrec.api import AnalyzeOptions, analyze, run_match
 from flightrec.errors import DumpProblemWarning, FlightrecError
-from flightrec.ingest.load import LoadOptions, load
+from flightrec.ingest.load import load
+from flightrec.model.trace import LoadOptions
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70
@@ -388,7 +389,7 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
     Example:
       flightrec timing dumps/ --ranks-per-host 8
     """
-    from flightrec.analysis.timing.stragglers import lateness_dict, lateness_table
+    from flightrec.report.lateness import lateness_dict, lateness_table
 
     report = analyze(dump_dir, AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
                                               hosts_file=hosts_file, ranks_per_host=ranks_per_host))

@@ -121,7 +121,7 @@ def _short(text: str, limit: int = 32) -> str:
 
 
 def _ranks(ranks: list[int]) -> str:
-    from flightrec.ingest.load import format_ranks
+    from flightrec.model.trace import format_ranks
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks, limit=4)}"
 
 

@@ -19,6 +19,7 @@ import polars as pl
 
 from flightrec.errors import MultipleJobsError, NoDumpsError
 from flightrec.model.schema import UNLISTED
+from flightrec.model.trace import DumpFile
 from flightrec.model.wording import listed
 
 # Compression or format suffixes people add after the rank: `rank_3.json`, `rank_3.pkl.gz`.
@@ -52,15 +53,6 @@ def _starts_like_a_dump(path: str | Path) -> bool:
     unreadable file is kept: it is refused with its reason when read ("empty file": the rank died dumping)."""
     head = _head(path)
     return not head or bool(_DUMP_HEAD.match(head))
-
-
-@dataclass(frozen=True)
-class DumpFile:
-    path: str   # (a string, not a Path: making 16K Paths took ~40% of listing a dump folder)
-    rank: int
-    host: str | None
-    size: int
-    mtime_ns: int
 
 
 def _strip_suffixes(name: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from flightrec.model.schema import GROUPS, Text, conform
+from flightrec.model.schema import GROUPS, Text, conform, of_a_kind
 
 
 def inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: int | None) -> pl.DataFrame:
@@ -30,13 +30,6 @@ def inferred_groups(entries: pl.DataFrame, declared: pl.DataFrame, world_size: i
             pl.when(pl.col("pg_desc") == "default_pg").then(everyone).otherwise(pl.col("ranks")).alias("ranks"))
     return conform(_with_size(used.with_columns(pl.col("pg_name").alias("group"),
                                                 pl.lit("inferred").alias("source"))), GROUPS)
-
-
-def of_a_kind(groups: pl.DataFrame) -> pl.DataFrame:
-    """The inferred groups of a kind (pg_desc: tp, dp, ...) that covers the world: every rank in one group of
-    it. Not the default group, nor groups of no kind (PyTorch's default desc "undefined", or none)."""
-    return groups.filter((pl.col("source") == "inferred")
-                         & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))
 
 
 def place_rolled_out_members(groups: pl.DataFrame, entries: pl.DataFrame, pg_status: pl.DataFrame,

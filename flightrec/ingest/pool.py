@@ -21,19 +21,12 @@ import pyarrow as pa
 
 from flightrec.errors import FlightrecError
 from flightrec.ingest.column_builder import OneChunkTable
-from flightrec.ingest.discover import DumpFile
+from flightrec.ingest.derive import DERIVED_ENTRIES, derive_entries
 from flightrec.ingest.fastpickle import to_arrow as fastflat
 from flightrec.ingest.fastpickle import walker as tape
-from flightrec.ingest.normalize import (
-    DERIVED_ENTRIES,
-    PG_CONFIG_ROWS,
-    PG_STATUS_ROWS,
-    derive_entries,
-    flatten_dump,
-    merge_parts,
-    rows_table,
-)
+from flightrec.ingest.normalize import PG_CONFIG_ROWS, PG_STATUS_ROWS, flatten_dump, merge_parts, rows_table
 from flightrec.ingest.safe_read import MAX_DUMP_BYTES, parse_dump_bytes, read_dump_bytes
+from flightrec.model.trace import DumpFile, check_reader
 
 # Below this much input the tape reader's start by numba's JIT (each worker importing numba and loading the
 # compiled walker: ~0.45 s, all at once) costs more than it saves. Measured on two workers with 8,192 x 200
@@ -308,11 +301,6 @@ def _start_worker(use_tape: bool) -> None:
     _keep_freed_memory()
     if use_tape:
         tape.warm(own_process=True)
-
-
-def check_reader(reader: str) -> None:
-    if reader not in ("auto", "tape", "unpickler"):
-        raise FlightrecError(f"unknown reader {reader!r}: use 'auto', 'tape' or 'unpickler'")
 
 
 def _use_tape(reader: str, total_bytes: int, built: bool) -> bool:

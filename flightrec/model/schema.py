@@ -251,3 +251,10 @@ P2P_OPS_SCHEMA = pl.Schema({
     "recv_sizes": Text,
     "status": pl.Enum(["matched", "in_flight", "unmatched_send", "unmatched_recv", "size_mismatch"]),
 })
+
+
+def of_a_kind(groups: pl.DataFrame) -> pl.DataFrame:
+    """The inferred groups of a kind (pg_desc: tp, dp, ...) that covers the world: every rank in one group of
+    it. Not the default group, nor groups of no kind (PyTorch's default desc "undefined", or none)."""
+    return groups.filter((pl.col("source") == "inferred")
+                         & ~pl.col("pg_desc").fill_null("").is_in(["", "default_pg", "undefined"]))

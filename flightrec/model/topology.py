@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from flightrec.errors import HostMapError
+from flightrec.model.trace import format_ranks
 
 # Said wherever hosts would be judged and none is known (a flat folder of dumps, no hosts file). Ranks on one
 # host wait on each other at the same pace: without placement a host late as a whole reads on time rank by rank.
@@ -114,8 +115,6 @@ def _ranks_to_hosts(world_size: int, from_dumps: dict[int, str], hosts_file: str
         uncovered = [r for r in range(world_size) if r not in host_of]
         if uncovered:
             # (a culprit among them would be named with no host, and a runbook's drain step would do nothing)
-            from flightrec.ingest.load import format_ranks
-
             warnings.warn(f"{hosts_file}: names no host for {len(uncovered):,} of the job's {world_size:,} ranks "
                           f"({format_ranks(uncovered)}): findings about them will name no host", stacklevel=2)
         return Topology(host_of, switch_of, "hosts file")

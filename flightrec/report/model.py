@@ -9,9 +9,9 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-from flightrec.ingest.load import format_ranks
 from flightrec.model.schema import REPORT_VERSION
 from flightrec.model.topology import NO_HOSTS_HINT
+from flightrec.model.trace import format_ranks
 from flightrec.model.vocab import VERDICT_EXIT_CODES, Action, FindingKind, Role, Verdict
 from flightrec.model.wording import listed
 

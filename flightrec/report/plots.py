@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from flightrec.ingest.load import format_ranks
+from flightrec.model.trace import format_ranks
 
 if TYPE_CHECKING:  # matplotlib is imported lazily: only notebooks need it
     from matplotlib.figure import Figure

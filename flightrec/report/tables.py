@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from flightrec.analysis.matching import Matching, is_p2p_closer
-from flightrec.ingest.load import Trace, format_ranks
+from flightrec.model.trace import Trace, format_ranks
 
 __all__ = ["as_json", "check_ranks", "entries_frame", "entries_table", "export_parquet", "groups_frame", "groups_table", "side_by_side", "side_by_side_frames", "stack_groups", "stack_groups_frame", "text_table"]
 

@@ -41,8 +41,7 @@ import pyarrow.ipc as ipc
 from flightrec.model.schema import CACHE_FORMAT_VERSION
 
 if TYPE_CHECKING:
-    from flightrec.ingest.discover import DumpFile
-    from flightrec.ingest.load import LoadOptions
+    from flightrec.model.trace import DumpFile, LoadOptions
 
 TABLES = ("dumps", "entries", "pg_config", "rank_lists", "pg_status", "stacks")
 MANIFEST = "flightrec-tables.json"

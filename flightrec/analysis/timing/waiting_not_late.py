@@ -18,7 +18,7 @@ from flightrec.model.schema import WATCHDOG_POLL_MS
 from flightrec.model.topology import Topology
 
 if TYPE_CHECKING:
-    from flightrec.analysis.timing.stragglers import TimingOptions
+    from flightrec.analysis.timing.options import TimingOptions
 
 
 def drop_rank_echoes(per_rank: pl.DataFrame, late: pl.DataFrame, threshold: float, opts: TimingOptions,

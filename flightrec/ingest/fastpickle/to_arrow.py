@@ -18,24 +18,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from flightrec.ingest.derive import GROUP_FIELDS, SIZE_FIELDS, masked_array, shape_dictionary
 from flightrec.ingest.fastpickle import walker as tape
 from flightrec.ingest.fastpickle.walker import BOOL, DICT, FLOAT, INT, LIST, NONE, STR, TUPLE
-from flightrec.ingest.normalize import (
-    GROUP_FIELDS,
-    RAW_FIELDS,
-    SIZE_FIELDS,
-    _as_int,
-    _as_str,
-    _rank_list_key,
-    _stack_hash,
-    assemble,
-    file_meta,
-    masked_array,
-    merge_parts,
-    normalize_op,
-    shape_dictionary,
-    version_problems,
-)
+from flightrec.ingest.normalize import RAW_FIELDS, assemble, file_meta, merge_parts, version_problems
+from flightrec.ingest.values import as_int, as_str, normalize_op, rank_list_key, stack_hash
 
 _SEQUENCES = (LIST, TUPLE)
 
@@ -199,7 +186,7 @@ def _pg_config(t: tape.Tape, g: _Graph, configs: np.ndarray, ranks: list[int]) -
     field = _fields(t, g, values, ("name", "desc", "ranks"))
     # (each rank list's key made once per distinct text: every file holds the world group's)
     texts, which = _distinct_values(t, field["ranks"])
-    list_keys = [_rank_list_key(text) for text in texts] + [None]
+    list_keys = [rank_list_key(text) for text in texts] + [None]
     rows, rank_lists = [], {}
     for rank, key, name, desc, k in zip(owner, _optional_texts(t, keys, required=True),
                                         *(_optional_texts(t, field[f]) for f in ("name", "desc")), which.tolist()):
@@ -220,7 +207,7 @@ def _pg_status(t: tape.Tape, g: _Graph, statuses: np.ndarray, ranks: list[int]) 
     if (t.kind[values] != DICT).any():
         raise _Unsupported
     distinct, which = _distinct_values(t, keys, required=True, ints=True)   # (keys: text or int)
-    distinct_ids = [_as_int(k) for k in distinct]
+    distinct_ids = [as_int(k) for k in distinct]
     if None in distinct_ids:
         raise _Unsupported
     pg_ids = [distinct_ids[k] for k in which.tolist()]
@@ -474,7 +461,7 @@ def _shape_columns(t: tape.Tape, g: _Graph, ids: np.ndarray) -> tuple[pa.Diction
     """A sizes field's shape text and element count (`flatten.shapes_derived`), from the lists of lists of
     ints `ids`: told apart by content in one compiled pass over the tape (`tape.sizes_codes`), and each
     distinct shape then read once (never a nested list per entry, as the unpickler's way builds:
-    `flatten._shape_columns`)."""
+    `derive._shape_columns`)."""
     codes, reps, ok = tape.sizes_codes(t, g.order, g.start, g.count, ids)
     if not ok:
         raise _Unsupported
@@ -529,8 +516,8 @@ def _known_stack(members: tuple) -> tuple[int, list]:
     """The id of the stack of frames `members` and its frames as dicts (as `flatten._stacks` makes them)."""
     known = _KNOWN_STACKS.get(members)
     if known is None:
-        sid = _stack_hash(list(members))   # (a frame as a (name, filename, line) tuple hashes as its dict does)
-        known = (sid, [{"name": _as_str(name), "filename": _as_str(filename), "line": _as_int(line)}
+        sid = stack_hash(list(members))   # (a frame as a (name, filename, line) tuple hashes as its dict does)
+        known = (sid, [{"name": as_str(name), "filename": as_str(filename), "line": as_int(line)}
                        for name, filename, line in members])
         if len(_KNOWN_STACKS) < _KNOWN_STACKS_MAX:
             _KNOWN_STACKS[members] = known

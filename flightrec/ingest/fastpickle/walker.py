@@ -171,7 +171,7 @@ class Tape:
         if size < _LONG_TEXT:
             return self.data[start:start + size].decode("utf-8", "surrogatepass")
         # a long text (the world group's rank list, in every file) is decoded once: the same str object
-        # then also hashes once where it is a key (flatten._rank_list_key). Found by hash, kept if the bytes agree.
+        # then also hashes once where it is a key (`values.rank_list_key`). Found by hash, kept if the bytes agree.
         raw = self.data[start:start + size]
         known = self._long_texts.get(int(self.value[obj]))
         if known is not None and known[0] == raw:
