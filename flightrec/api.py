@@ -11,9 +11,10 @@ from typing import Callable, NamedTuple
 import polars as pl
 
 from flightrec.analysis.dump_times import TRIGGERS, Waited, dump_moments, waited
+from flightrec.analysis.entry_facts import written_only_active
 from flightrec.analysis.gpu_position import unit_pending
 from flightrec.analysis.localize import Location, locate
-from flightrec.analysis.matching import Matching, match, written_only_active
+from flightrec.analysis.matching import Matching, match
 from flightrec.analysis.timing.options import TimingOptions, TimingResult
 from flightrec.analysis.timing.stragglers import analyze_timing
 from flightrec.analysis.wait_graph import Waits, build_waits

@@ -151,7 +151,7 @@ def test_only_active_dumps_of_a_job_with_nothing_in_flight_hold_no_entry(make_jo
 
 
 def test_local_ids_are_tied_to_groups_by_the_order_they_were_made(make_job):
-    from flightrec.analysis.matching import _ids_in_creation_order
+    from flightrec.analysis.progress import _ids_in_creation_order
 
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=2, ranks_per_host=2))
     trace = load(out, LoadOptions(use_cache=False))

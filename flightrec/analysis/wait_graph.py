@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
+from flightrec.analysis.entry_facts import last_group_per_rank
 from flightrec.analysis.gpu_position import oldest_pending
-from flightrec.analysis.matching import Matching, last_group_per_rank
+from flightrec.analysis.matching import Matching
 from flightrec.model.schema import of_a_kind
 
 if TYPE_CHECKING:

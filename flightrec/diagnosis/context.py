@@ -8,7 +8,8 @@ from typing import Callable
 
 import polars as pl
 
-from flightrec.analysis.matching import Matching, written_only_active
+from flightrec.analysis.entry_facts import written_only_active
+from flightrec.analysis.matching import Matching
 from flightrec.analysis.timing.options import TimingResult
 from flightrec.analysis.wait_graph import Waits
 from flightrec.model.topology import Topology

@@ -92,6 +92,50 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     groups, memberships = _groups_from_config(pg_config.filter(pl.col("pg_name") != ""), rank_lists)
     _one_world(groups, memberships, dumps)
 
+    world_size, world_size_from = _world_size(groups, unnamed_lists, dumps, world_size)
+    with_entries = set(dumps.filter(pl.col("entry_count") > 0)["rank"].to_list())
+
+    def with_inferred(declared: pl.DataFrame, world_size: int) -> pl.DataFrame:
+        found = pl.concat([declared, inferred_groups(entries, declared, world_size)]).sort("group")
+        return place_rolled_out_members(found, entries, raw["pg_status"],
+                                        without_entries=[r for r in range(world_size) if r not in with_entries])
+
+    declared_groups = groups
+    groups = with_inferred(declared_groups, world_size)
+    if world_size_from == "seen":
+        # (no dump lists the world: ranks past the highest seen that left no dump show only as members the
+        # groups lack; the world is then as large as they need, and those ranks read as missing)
+        unseen = unseen_ranks(groups, entries, world_size)
+        if unseen:
+            world_size, world_size_from = world_size + unseen, "groups"
+            groups = with_inferred(declared_groups, world_size)
+
+    members = (groups.select("group", "ranks")
+               .with_columns(pl.int_ranges(pl.col("ranks").list.len()).alias("local_rank"))
+               .explode("ranks", "local_rank").rename({"ranks": "rank"}))
+    members = conform(members, MEMBERS)
+
+    entries = _with_group_and_peer(entries, memberships, groups, members)
+    if (dumps["writer"] == "torchcomms").any():
+        entries = writers.pair_peers_in_two_rank_groups(entries, members)
+    if not _sorted_by_rank_and_record(entries):  # files are read in rank order, entries in record order: rare
+        entries = entries.sort("rank", "record_id")
+
+    dumps = _check_declared_ranks(dumps, memberships, members)
+    dumps = conform(_history_kept(dumps, entries, raw["pg_status"]), DUMPS_WITH_LOADED).sort("rank")
+    return Trace(
+        root=root, dumps=dumps, entries=entries, stacks=raw["stacks"].unique("stack_id").sort("stack_id"),
+        groups=groups, members=members, memberships=memberships,
+        pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
+        world_size_from=world_size_from, unlisted=raw.get("unlisted", empty(UNLISTED)),
+        empty_hosts=raw.get("empty_hosts", []),
+    )
+
+
+def _world_size(groups: pl.DataFrame, unnamed_lists: list[list[int]], dumps: pl.DataFrame,
+                world_size: int | None) -> tuple[int, str]:
+    """(world size, where it was read: "given", "declared" or "seen"), warning where one given disagrees with
+    the dumps. `unnamed_lists`: the rank lists of Gloo's unnamed configs."""
     # What the dumps prove: every rank a group names exists. What they declare: the world is the default group
     # (Gloo's unnamed config), when it is there; the largest subgroup is not.
     listed = max([*(max(r) + 1 for r in unnamed_lists),
@@ -115,36 +159,20 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
         # (the dumps prove more ranks: analysed as given, their ranks past it read as "3 of 2 loaded" and their
         # collectives as missing members. To look at part of a job, select its groups instead: --pg)
         warnings.warn(f"world size {world_size} was given, but the dumps hold rank {max_rank} and groups naming "
-                      f"ranks up to {listed - 1}: using {proven}; check --world-size", stacklevel=2)
+                      f"ranks up to {listed - 1}: using {proven}; check --world-size", stacklevel=3)
         world_size = proven
     elif declared_world and world_size > declared_world:
         # (kept as given too: the ranks past the declared world then read as missing dumps)
         warnings.warn(f"world size {world_size} was given, but the dumps' default group declares a world of "
                       f"{declared_world} ranks: {'rank' if world_size - declared_world == 1 else 'ranks'} "
                       f"{format_ranks(range(declared_world, world_size))} will read as missing; "
-                      "check --world-size", stacklevel=2)
-    with_entries = set(dumps.filter(pl.col("entry_count") > 0)["rank"].to_list())
+                      "check --world-size", stacklevel=3)
+    return world_size, world_size_from
 
-    def with_inferred(declared: pl.DataFrame, world_size: int) -> pl.DataFrame:
-        found = pl.concat([declared, inferred_groups(entries, declared, world_size)]).sort("group")
-        return place_rolled_out_members(found, entries, raw["pg_status"],
-                                        without_entries=[r for r in range(world_size) if r not in with_entries])
 
-    declared_groups = groups
-    groups = with_inferred(declared_groups, world_size)
-    if world_size_from == "seen":
-        # (no dump lists the world: ranks past the highest seen that left no dump show only as members the
-        # groups lack; the world is then as large as they need, and those ranks read as missing)
-        unseen = unseen_ranks(groups, entries, world_size)
-        if unseen:
-            world_size, world_size_from = world_size + unseen, "groups"
-            groups = with_inferred(declared_groups, world_size)
-
-    members = (groups.select("group", "ranks")
-               .with_columns(pl.int_ranges(pl.col("ranks").list.len()).alias("local_rank"))
-               .explode("ranks", "local_rank").rename({"ranks": "rank"}))
-    members = conform(members, MEMBERS)
-
+def _with_group_and_peer(entries: pl.DataFrame, memberships: pl.DataFrame, groups: pl.DataFrame,
+                         members: pl.DataFrame) -> pl.DataFrame:
+    """`entries` with each entry's group and its peer's global rank."""
     # Each entry's group: by its rank's declaration when there is one, else by name (inferred groups).
     # (small frames; entries hold pg_name as a categorical)
     rank_group = memberships.select("rank", pl.col("pg_name").cast(Text), "group").unique(["rank", "pg_name"])
@@ -171,22 +199,8 @@ def assemble(raw: dict[str, pl.DataFrame], root: str, world_size: int | None) ->
     keys = (keys.select("group", _peer_of(members, groups))
             .collect()
             .rechunk())   # the join hands back a chunk per thread: aligned with the rest, one chunk too
-    entries = conform(entries.drop("group", "peer", strict=False).with_columns(keys["group"], keys["peer"]),
-                      ENTRIES_WITH_GROUP)
-    if (dumps["writer"] == "torchcomms").any():
-        entries = writers.pair_peers_in_two_rank_groups(entries, members)
-    if not _sorted_by_rank_and_record(entries):  # files are read in rank order, entries in record order: rare
-        entries = entries.sort("rank", "record_id")
-
-    dumps = _check_declared_ranks(dumps, memberships, members)
-    dumps = conform(_history_kept(dumps, entries, raw["pg_status"]), DUMPS_WITH_LOADED).sort("rank")
-    return Trace(
-        root=root, dumps=dumps, entries=entries, stacks=raw["stacks"].unique("stack_id").sort("stack_id"),
-        groups=groups, members=members, memberships=memberships,
-        pg_status=conform(raw["pg_status"], PG_STATUS).sort("rank", "pg_id"), world_size=int(world_size),
-        world_size_from=world_size_from, unlisted=raw.get("unlisted", empty(UNLISTED)),
-        empty_hosts=raw.get("empty_hosts", []),
-    )
+    return conform(entries.drop("group", "peer", strict=False).with_columns(keys["group"], keys["peer"]),
+                   ENTRIES_WITH_GROUP)
 
 
 def _one_world(groups: pl.DataFrame, memberships: pl.DataFrame, dumps: pl.DataFrame) -> None:

@@ -168,25 +168,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None,
         raise NoDumpsError(f"{root}: no such file or directory; pass the folder the ranks wrote their dumps to")
     paths = [(str(root), "", root.name, root.stat())] if root.is_file() else _walk_files(root, unlisted)
 
-    candidates: list[tuple[str, str, int, os.stat_result, str]] = []
-    skipped: list[str] = []
-    folders: set[str] = set()
-    for path, folder, name, stat in paths:
-        stem = _strip_suffixes(name)
-        if prefix is not None:
-            if (not stem.startswith(prefix) or not stem[len(prefix):].isdigit()
-                    or len(stem) - len(prefix) > _MAX_RANK_DIGITS):
-                skipped.append(path)
-                continue
-            candidates.append((path, "", int(stem[len(prefix):]), stat, folder))
-            folders.add(folder)
-            continue
-        match = _TRAILING_RANK.match(stem)
-        if match and len(match["rank"]) <= _MAX_RANK_DIGITS:
-            candidates.append((path, match["prefix"], int(match["rank"]), stat, folder))
-            folders.add(folder)
-        else:
-            skipped.append(path)
+    candidates, skipped, folders = _named_like_dumps(paths, prefix)
     # A name alone in its kind (`core.4242`, `train.log.1` beside `nccl_trace_rank_*`) is a dump only if it
     # starts like one: else it would claim a rank (`rank 4242 of 4243`) and shadow the real dump of its rank.
     # Names shared by several files are not opened here (16K opens: 0.1 s of a warm run).
@@ -207,19 +189,7 @@ def discover(root: str | os.PathLike, prefix: str | None = None,
         warnings.warn(f"ignored {len(noteworthy)} file(s) {why}: {names}", stacklevel=2)
 
     if not candidates:
-        if unlisted:
-            raise NoDumpsError(f"{root}: no dump could be read: {len(unlisted)} folder(s) could not be listed "
-                               f"({unlisted[0][0]}: {unlisted[0][1]}); fix their permissions, or run as a user who "
-                               "can read them")
-        if prefix is not None:
-            raise NoDumpsError(
-                f"{root}: no dump file's name is {prefix!r} and a rank number; check the prefix (the file name "
-                "TORCH_FR_DUMP_TEMP_FILE gave, without the rank), or leave out --prefix to take any name ending in "
-                "a rank number")
-        raise NoDumpsError(
-            f"{root}: no dump files whose name ends in a rank number; check the path, or pass --prefix with the "
-            "file-name prefix your job used (TORCH_FR_DUMP_TEMP_FILE)"
-        )
+        raise _no_dumps_error(root, prefix, unlisted)
 
     # Host from the name: the part of the prefix before what all prefixes share, when it differs per file.
     name_prefixes = [c[1] for c in candidates]
@@ -252,6 +222,49 @@ def discover(root: str | os.PathLike, prefix: str | None = None,
         host = host or lone_host
         files.append(DumpFile(path=path, rank=rank, host=host, size=stat.st_size, mtime_ns=stat.st_mtime_ns))
     return _one_file_per_rank(files)
+
+
+def _named_like_dumps(paths: list[tuple[str, str, str, os.stat_result]], prefix: str | None
+                      ) -> tuple[list[tuple[str, str, int, os.stat_result, str]], list[str], set[str]]:
+    """(files whose name is a dump's: (path, name prefix, rank, stat, folder); the others' paths; the folders
+    holding dumps)."""
+    candidates: list[tuple[str, str, int, os.stat_result, str]] = []
+    skipped: list[str] = []
+    folders: set[str] = set()
+    for path, folder, name, stat in paths:
+        stem = _strip_suffixes(name)
+        if prefix is not None:
+            if (not stem.startswith(prefix) or not stem[len(prefix):].isdigit()
+                    or len(stem) - len(prefix) > _MAX_RANK_DIGITS):
+                skipped.append(path)
+                continue
+            candidates.append((path, "", int(stem[len(prefix):]), stat, folder))
+            folders.add(folder)
+            continue
+        match = _TRAILING_RANK.match(stem)
+        if match and len(match["rank"]) <= _MAX_RANK_DIGITS:
+            candidates.append((path, match["prefix"], int(match["rank"]), stat, folder))
+            folders.add(folder)
+        else:
+            skipped.append(path)
+    return candidates, skipped, folders
+
+
+def _no_dumps_error(root: Path, prefix: str | None, unlisted: list[tuple[str, str]] | None) -> NoDumpsError:
+    """Why nothing under `root` reads as a dump, and what to do about it."""
+    if unlisted:
+        return NoDumpsError(f"{root}: no dump could be read: {len(unlisted)} folder(s) could not be listed "
+                            f"({unlisted[0][0]}: {unlisted[0][1]}); fix their permissions, or run as a user who "
+                            "can read them")
+    if prefix is not None:
+        return NoDumpsError(
+            f"{root}: no dump file's name is {prefix!r} and a rank number; check the prefix (the file name "
+            "TORCH_FR_DUMP_TEMP_FILE gave, without the rank), or leave out --prefix to take any name ending in "
+            "a rank number")
+    return NoDumpsError(
+        f"{root}: no dump files whose name ends in a rank number; check the path, or pass --prefix with the "
+        "file-name prefix your job used (TORCH_FR_DUMP_TEMP_FILE)"
+    )
 
 
 def _one_job(root: Path, candidates: list[tuple[str, str, int, os.stat_result, str]]) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 
 import polars as pl
 
-from flightrec.analysis.matching import Matching, is_p2p_closer
+from flightrec.analysis.entry_facts import is_p2p_closer
+from flightrec.analysis.matching import Matching
 from flightrec.model.trace import Trace, format_ranks
 
 __all__ = ["as_json", "check_ranks", "entries_frame", "entries_table", "export_parquet", "groups_frame", "groups_table", "side_by_side", "side_by_side_frames", "stack_groups", "stack_groups_frame", "text_table"]
@@ -134,7 +135,7 @@ def side_by_side_frames(trace: Trace, ranks: list[int], pg: str | None, seq: int
 def stack_groups_frame(trace: Trace) -> pl.DataFrame:
     """Ranks grouped by the stack of their last unfinished entry (their last entry when nothing reports
     completion, as with Gloo)."""
-    from flightrec.analysis.matching import completion_by_rank
+    from flightrec.analysis.entry_facts import completion_by_rank
 
     e = trace.entries.sort("rank", "record_id").join(
         completion_by_rank(trace.entries, trace.dumps).rename({"tracks_completion": "_tracks"}), on="rank", how="left")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from flightrec.analysis.matching import is_p2p_closer
+from flightrec.analysis.entry_facts import is_p2p_closer
 from flightrec.model.schema import WATCHDOG_POLL_MS
 from flightrec.model.topology import Topology
 
