@@ -22,24 +22,12 @@ print(json.dumps({{"s": time.perf_counter() - t, "summary": report.summary, "cul
 """
 
 
-# Put before ANALYZE: the tape reader as before `flightrec build-reader` (started by numba's JIT in each worker,
-# and only for input over 128 MB), for a side-by-side in one run.
-WITHOUT_BUILT_READER = "import flightrec.ingest.fastpickle.walker as _tape; _tape.built = lambda: False; _tape._load_built = lambda: False\n"
-
-
-def ensure_built_reader(log=print) -> bool:
-    """Build the ahead-of-time reader if numba is there and it isn't built yet (what a user does once with
-    `flightrec build-reader`); whether it is built."""
-    from flightrec.ingest.fastpickle import build as tape_build
-    from flightrec.ingest.fastpickle import walker as tape
-
-    if not tape.available():
-        return False
-    if not tape.built():
-        start = time.perf_counter()
-        path = tape_build.build()
-        log(f"built the compiled reader in {time.perf_counter() - start:.0f} s: {path}")
-    return True
+def warm_numba_cache(log=print) -> None:
+    """Compile the fast reader into numba's on-disk cache, in a process of its own, as the first run after an
+    install does: the runs measured then load it, as every run after the first does."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "from flightrec.ingest.fastpickle import walker; walker.warm()"], check=True)
+    log(f"numba's cache of the fast reader filled in {time.perf_counter() - start:.1f} s")
 
 
 def run(code: str, timeout: float = 3600) -> dict:

@@ -161,17 +161,12 @@ def measure(ranks: int, entries: int, repeat: int, others: dict[str, Path] | Non
 
 @contextmanager
 def checkout(rev: str):
-    """A temporary worktree of this repository at `rev`, with this checkout's compiled reader copied in (built
-    for the same source it loads; else the two ingests would differ by numba's start), removed after."""
+    """A temporary worktree of this repository at `rev`, removed after. (Its fast reader fills numba's cache
+    beside its own source on its first run: compare the runs after it.)"""
     folder = Path(tempfile.mkdtemp(prefix="flightrec-against-"))
     tree = folder / "tree"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True)
     try:
-        built = sorted((ROOT / "flightrec" / "__pycache__").glob("_flightrec_tape_*"))
-        if built:
-            (tree / "flightrec" / "__pycache__").mkdir(exist_ok=True)
-            for path in built:
-                shutil.copy2(path, tree / "flightrec" / "__pycache__" / path.name)
         yield tree
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)

@@ -145,6 +145,8 @@ def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
         only_active=written_only_active(trace.dumps),
         writers=dict(loaded.group_by(pl.col("writer").cast(pl.String)).len().sort("writer").iter_rows()),
         empty_host_folders=list(trace.empty_hosts),
+        fast_reader_declined=[{"path": trace.relative(p), "reason": why} for p, why in loaded.filter(
+            pl.col("fast_reader_declined").is_not_null()).select("path", "fast_reader_declined").iter_rows()],
     )
 
 

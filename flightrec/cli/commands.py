@@ -355,24 +355,23 @@ def cache_cmd(clear, quiet):
 @main.command("build-reader")
 @_guard
 def build_reader():
-    """Compile the fast pickle reader ahead of time: once per installation, ~20 s. Needs the `fast` extra (numba)
-    and a C compiler.
+    """Compile the fast pickle reader into numba's cache now (~10 s, once per install or upgrade).
 
-    Each parsing worker then starts it in milliseconds instead of ~0.7 s (numba's start), and it is used for
-    dumps of any size (without it, only above 128 MB): 1,024 ranks x 200 entries load 2.4x faster. It is only
-    ever used for the numba, Python and flightrec it was built with; `analyze` never needs it.
+    Without this, the first load of 128 MB of dumps or more after an install compiles it (then every later run
+    loads it from the cache in ~0.5 s). Run it where you provision flightrec, so that the first incident
+    doesn't pay for it.
 
     \b
     Example:
-      pip install 'flightrec[fast]' && flightrec build-reader
+      pip install flightrec && flightrec build-reader
     """
     import time
 
-    from flightrec.ingest.fastpickle import build as tape_build
+    from flightrec.ingest.fastpickle import walker
 
     start = time.perf_counter()
-    path = tape_build.build()
-    click.echo(f"built the compiled reader in {time.perf_counter() - start:.0f} s: {path}")
+    walker.warm()
+    click.echo(f"the fast reader is compiled and cached ({time.perf_counter() - start:.1f} s)")
 
 
 @main.command()

@@ -19,7 +19,7 @@ def _shape_columns(sizes: pa.ChunkedArray) -> tuple[pa.DictionaryArray, pa.Array
     as a dictionary, and its element count (the sum over tensors of the product of dims), from the raw nested
     lists. A chunk holds a few hundred distinct shapes in 10^5-10^6 entries: entries are told apart by a hash of
     their dims (numpy passes), and text and count are made once per distinct shape. (The tape reader tells them
-    apart in one compiled pass instead: `fastflat`.)"""
+    apart in one compiled pass instead: `fastpickle.to_arrow`.)"""
     outer = sizes.combine_chunks()
     tensors = pc.list_flatten(outer)
     dims = pc.list_flatten(tensors)
@@ -90,7 +90,7 @@ GROUP_FIELDS = ("process_group_name", "process_group_desc")
 
 def shapes_derived(raw: pa.Table) -> pa.Table:
     """`raw` (per-file columns) with its sizes fields as shape text (a dictionary) and their element counts
-    beside them: as the tape reader gives them (`fastflat`), from shapes it never builds as nested lists. The
+    beside them: as the tape reader gives them (`fastpickle.to_arrow`), from shapes it never builds as nested lists. The
     unpickler's way gives nested lists, derived here; a table derived already is returned as it is."""
     for name, numel_name in SIZE_FIELDS:
         column = raw[name]
@@ -103,7 +103,7 @@ def shapes_derived(raw: pa.Table) -> pa.Table:
 
 def texts_derived(raw: pa.Table) -> pa.Table:
     """`raw` with its text fields as dictionaries, its lists of text joined (dictionaries too) and the process
-    group's name and desc apart (GROUP_FIELDS): as the tape reader gives them (`fastflat`), which tells texts
+    group's name and desc apart (GROUP_FIELDS): as the tape reader gives them (`fastpickle.to_arrow`), which tells texts
     apart once per batch and so never builds a row of text. The unpickler's way gives strings and lists,
     derived here; a table derived already is returned as it is."""
     if "process_group" not in raw.column_names:

@@ -22,8 +22,7 @@ import pyarrow as pa
 from flightrec.errors import FlightrecError
 from flightrec.ingest.column_builder import OneChunkTable
 from flightrec.ingest.derive import DERIVED_ENTRIES, derive_entries
-from flightrec.ingest.fastpickle import to_arrow as fastflat
-from flightrec.ingest.fastpickle import walker as tape
+from flightrec.ingest.fastpickle import to_arrow, walker
 from flightrec.ingest.normalize import PG_CONFIG_ROWS, PG_STATUS_ROWS, flatten_dump, merge_parts, rows_table
 from flightrec.ingest.safe_read import MAX_DUMP_BYTES, parse_dump_bytes, read_dump_bytes
 from flightrec.model.trace import DumpFile, check_reader
@@ -31,12 +30,8 @@ from flightrec.model.trace import DumpFile, check_reader
 # Below this much input the tape reader's start by numba's JIT (each worker importing numba and loading the
 # compiled walker: ~0.45 s, all at once) costs more than it saves. Measured on two workers with 8,192 x 200
 # dumps (half their bytes the 8,192-rank world list): even at 1,024 files (95 MB), 1.3 s either way; at 2,048
-# (190 MB), 1.7 vs 2.5 s. Built ahead of time (`tape_build`) it starts in milliseconds: used at any size.
+# (190 MB), 1.7 vs 2.5 s.
 TAPE_MIN_BYTES = 128 << 20
-
-# Said where the tape reader starts by numba's JIT: the one-time build that removes that start is easy to miss.
-JIT_START_HINT = ("the fast reader was compiled by numba as each worker started (~0.7 s of the run); "
-                  "`flightrec build-reader` compiles it once (~20 s, needs a C compiler) so that it starts at once")
 
 
 def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
@@ -46,7 +41,7 @@ def _parse_one(path: str, rank: int, data: bytes | None = None) -> dict:
         dump, fmt = parse_dump_bytes(read_dump_bytes(path) if data is None else data, path)
         out = flatten_dump(dump, rank)
         del dump
-        out["metas"][0].update(format=fmt, loaded=True)
+        out["metas"][0].update(format=fmt, loaded=True, reader="json" if fmt.startswith("json") else "unpickler")
         return out
     except FlightrecError as exc:
         return _refused(rank, str(exc))
@@ -135,17 +130,16 @@ def _open_dump(path: str) -> int | None:
 
 
 def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
-    """A chunk of files through the tape reader a batch at a time (`fastflat.flatten_laid_out`): a part per
-    batch. The files it doesn't take, and any that fail to read, go `_parse_one`'s way (which reports why)."""
-    parts, left = [], {}
+    """A chunk of files through the tape reader a batch at a time (`to_arrow.flatten_laid_out`): a part per
+    batch. The files it declines, and any that fail to read, go `_parse_one`'s way (which reports why), each
+    noted with why the tape left it. An error inside the tape reader is not caught: it is a bug to fix."""
+    parts, left, why = [], {}, {}
     for batch, buffer, sizes in _read_batches(items, _TAPE_BATCH_BYTES, left):
-        try:
-            part, read = fastflat.flatten_laid_out(buffer, sizes, [item[1] for item in batch])
-        except Exception:  # noqa: BLE001 - an optimisation must never cost a file: the unpickler's way reads them
-            part, read = None, []
+        declined: dict[int, str] = {}
+        part, read = to_arrow.flatten_laid_out(buffer, sizes, [item[1] for item in batch], declined)
         if part is not None:
             for meta in part["metas"]:
-                meta.update(format="pickle", loaded=True)
+                meta.update(format="pickle", loaded=True, reader="fast")
             parts.append(part)
         taken = set(read)
         # (their bytes copied out: the buffer is the next batch's)
@@ -153,7 +147,13 @@ def _parse_with_tape(items: list[tuple[str, int]]) -> list[dict]:
         with memoryview(buffer) as view:
             left.update((batch[j], bytes(view[ends[j] - sizes[j]:ends[j]])) for j in range(len(batch))
                         if j not in taken)
-    parts.extend(_parse_one(*item, left[item]) for item in items if item in left)
+        why.update((batch[j], reason) for j, reason in declined.items())
+    for item in items:
+        if item in left:
+            part = _parse_one(*item, left[item])
+            if item in why and part["metas"][0]["loaded"]:
+                part["metas"][0]["fast_reader_declined"] = why[item]
+            parts.append(part)
     return parts
 
 
@@ -300,20 +300,16 @@ def _keep_freed_memory() -> None:
 def _start_worker(use_tape: bool) -> None:
     _keep_freed_memory()
     if use_tape:
-        tape.warm(own_process=True)
+        walker.warm(own_process=True)
 
 
-def _use_tape(reader: str, total_bytes: int, built: bool) -> bool:
-    """Whether to read with the tape; `built`: `tape.built()`, asked once by the caller (a folder scan where
-    no build is found)."""
+def _use_tape(reader: str, total_bytes: int) -> bool:
+    """Whether to read with the tape (`reader` as in `LoadOptions`)."""
     check_reader(reader)
-    if reader == "tape" and not tape.available():
-        raise FlightrecError("the tape reader needs numba: pip install 'flightrec[fast]', or read with the "
-                             "'auto' or 'unpickler' reader")
-    # (built ahead of time, the tape starts in milliseconds and is the faster reader at any size: 1,024 x 200
-    # dumps load in 0.66 s against the unpickler's 1.58)
-    return reader == "tape" or (reader == "auto" and tape.available()
-                                and (total_bytes >= TAPE_MIN_BYTES or built))
+    if reader == "tape" and not walker.available():
+        raise FlightrecError("the tape reader needs numba, a dependency of flightrec: reinstall it "
+                             "(pip install flightrec), or read with the 'unpickler' reader")
+    return reader == "tape" or (reader == "auto" and walker.available() and total_bytes >= TAPE_MIN_BYTES)
 
 
 def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress: Callable[[int, int], None] | None,
@@ -326,10 +322,7 @@ def parse_all(files: list[DumpFile], workers: int | None, reader: str, progress:
     # Several chunks per worker keep the pool busy and the progress bar moving; few enough to stay cheap.
     chunks = _chunks(files, max(1, min(len(files), workers * 8)), workers)
     total_bytes = sum(f.size for f in files)
-    built = tape.built()
-    use_tape = _use_tape(reader, total_bytes, built)
-    if use_tape and not built:
-        warnings.warn(JIT_START_HINT, stacklevel=2)
+    use_tape = _use_tape(reader, total_bytes)
     gathered = OneChunkTable(DERIVED_ENTRIES) if total_bytes <= ONE_CHUNK_MAX_INPUT else None
     results: list[dict] = []
     done = 0

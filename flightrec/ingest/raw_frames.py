@@ -44,7 +44,10 @@ def assemble_raw(files: list[DumpFile], results: list[dict]) -> dict[str, pl.Dat
                                  pa.large_string()),
         "loaded": [m["loaded"] for m in metas],
         "unreadable": [m.get("unreadable", False) for m in metas],
-    }, schema_overrides={"problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
+        # which reader read it ("fast", "unpickler", "json"; none where refused), and why the fast one left it
+        "reader": [m.get("reader") for m in metas],
+        "fast_reader_declined": [m.get("fast_reader_declined") for m in metas],
+    }, schema_overrides={"reader": pl.String, "fast_reader_declined": pl.String, "problems": pl.List(pl.String), "host": pl.String, "version": pl.String,
                          "backend": pl.String, "comm_lib_version": pl.String, "format": pl.String})
     entries = _entries_frame([r["entries"] for r in results if r["entries"] is not None])
     stacks: dict[int, list] = {}

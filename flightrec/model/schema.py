@@ -9,7 +9,7 @@ import polars as pl
 
 REPORT_VERSION = 2
 # bumped whenever reading a file gives another table (11: dtypes as text, new ops, any-source receives, mtimes, unreadable files)
-CACHE_FORMAT_VERSION = 11
+CACHE_FORMAT_VERSION = 12
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
 # "1.0" is our name for torch 2.2's unversioned bare list of entries.
@@ -82,6 +82,8 @@ DUMPS = pl.Schema({
     "writer": pl.Enum(["pytorch", "c10d_hook", "torchcomms"]),   # who wrote it (`writers`)
     "mtime_ns": pl.Int64,        # the file's modification time (`dump_times`: when it was written, if kept)
     "unreadable": pl.Boolean,    # the file is there and could not be read (permissions, an I/O error): not refused
+    "reader": pl.String,         # what read it: "fast" (the compiled reader), "unpickler", "json"; null if refused
+    "fast_reader_declined": pl.String,   # why the fast reader left it to the unpickler, where it did
 })
 
 # Folders under the dump folder that could not be listed: any dumps in them were not read

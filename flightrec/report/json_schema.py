@@ -40,7 +40,7 @@ def _dumps() -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["world_size", "loaded", "missing_ranks", "versions", "refused", "unreadable", "host_source",
-                     "only_active", "writers", "empty_host_folders"],
+                     "only_active", "writers", "empty_host_folders", "fast_reader_declined"],
         "properties": {
             "world_size": {"type": "integer", "minimum": 0},
             "loaded": {"type": "integer", "minimum": 0},
@@ -60,6 +60,8 @@ def _dumps() -> dict[str, Any]:
             "empty_host_folders": {"description": "Folders beside the host folders holding dumps, named alike "
                                                   "(node1 beside node0), that hold none: hosts gone.",
                                    "type": "array", "items": {"type": "string"}},
+            "fast_reader_declined": {"description": "Files the fast reader left to the unpickler, with why.",
+                                     "type": "array", "items": {"type": "object", "required": ["path", "reason"]}},
         },
     }
 

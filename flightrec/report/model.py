@@ -89,6 +89,8 @@ class DumpSummary:
     writers: dict[str, int] = field(default_factory=dict)
     # host folders beside those holding dumps, named alike, that hold none (`discover.Found.empty_hosts`)
     empty_host_folders: list[str] = field(default_factory=list)
+    # files the fast reader left to the unpickler, with why: [{"path", "reason"}]
+    fast_reader_declined: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -175,6 +177,7 @@ class Report:
                 "only_active": self.dumps.only_active,
                 "writers": self.dumps.writers,
                 "empty_host_folders": self.dumps.empty_host_folders,
+                "fast_reader_declined": self.dumps.fast_reader_declined,
             },
             **({"scope": self.scope} if self.scope else {}),
         }
@@ -217,6 +220,10 @@ class Report:
             text += f"; {len(d.refused)} file(s) refused as no dump"
         if d.unreadable:
             text += f"; {len(d.unreadable)} unreadable"
+        if d.fast_reader_declined:
+            reasons = sorted({x["reason"] for x in d.fast_reader_declined})
+            text += (f"; {len(d.fast_reader_declined)} file(s) read by the unpickler, as the fast reader found them "
+                     f"{reasons[0]}" + (f" (and {len(reasons) - 1} other reason(s))" if len(reasons) > 1 else ""))
         if d.only_active:
             text += ("; written with only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): how far each rank got "
                      "is read from its pg_status, and no finished collective is left to compare shapes or times with")
