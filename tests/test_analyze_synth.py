@@ -13,7 +13,7 @@ from flightrec import analyze
 from flightrec.analysis import wait_graph as waits
 from flightrec.diagnosis.missing import all_with_a_dump_joined
 from flightrec.model.topology import Topology
-from flightrec.testing import synth
+from flightrec.testing import synth, synth_schedule, synth_sim
 
 SCHEMA = json.loads((Path(__file__).resolve().parent.parent / "docs" / "report.schema.json").read_text())
 
@@ -179,7 +179,7 @@ def test_a_deadlock_where_stages_run_the_two_in_other_orders_blames_no_bystander
     groups are per stage). Rank 0 takes the other stages' order and deadlocks with its dp peer, rank 8. Twelve
     ranks of other stages show rank 0's order, so it is no odd one out, and neither is rank 8: the cycle is
     a deadlock of both (a review found rank 8 named alone)."""
-    schedule = synth._schedule
+    schedule = synth_sim.schedule
 
     def stages_differ(job, rank, by_rank, steps=None):
         ops = list(schedule(job, rank, by_rank, steps))
@@ -188,7 +188,7 @@ def test_a_deadlock_where_stages_run_the_two_in_other_orders_blames_no_bystander
                 ops[i], ops[i + 1] = ops[i + 1], ops[i]
         return ops
 
-    monkeypatch.setattr(synth, "_schedule", stages_differ)
+    monkeypatch.setattr(synth_sim, "schedule", stages_differ)
     job = synth.Job(tp=2, pp=4, dp=2, steps=3, fault=synth.Fault(kind="deadlock", rank=0, phase="dp"))
     report, _ = run(make_job, job)
     root = report.root_causes[0]
@@ -308,13 +308,13 @@ def test_a_one_against_one_mismatch_is_not_settled_by_groups_running_another_pro
     """Pipeline stage 0's tp group opens each step with an extra all_reduce (an embedding); rank 1 skips it in
     the last step and calls its all_gather. The other stages' tp groups at that seq ran another program (their
     ops before it differ): no peers, so the mismatch stays ambiguous, where a review found rank 0 blamed."""
-    schedule = synth._schedule
+    schedule = synth_sim.schedule
 
     def embedding(job, rank, by_rank, step):
         first_stage = job.coords(rank)[1] == 0
         return ["tp"] if first_stage and not (rank == 1 and step == job.steps - 1) else []
 
-    monkeypatch.setattr(synth, "_schedule", _opening_each_step(schedule, embedding))
+    monkeypatch.setattr(synth_sim, "schedule", _opening_each_step(schedule, embedding))
     report, _ = run(make_job, synth.Job(tp=2, pp=4, dp=1, steps=3))
     root = report.root_causes[0]
     assert (root.kind, root.ranks, root.evidence["ambiguous"]) == ("mismatch", [0, 1], True)
@@ -332,13 +332,13 @@ def test_a_peers_pg_status_key_is_not_borrowed_where_local_ids_shift(make_job, m
 
     from flightrec.ingest.safe_read import read_dump
 
-    groups_of, schedule = synth._groups, synth._schedule
+    groups_of, schedule = synth_sim.process_groups, synth_sim.schedule
 
     def with_pos_and_mp(job):
         gs, _ = groups_of(job)
         made = [g for g in gs if g.desc in ("default_pg", "tp", "pp")]
-        made += [synth._Group("", "pos", [job.rank_of(d, 0, 0)]) for d in range(job.dp)]
-        made += [synth._Group("", "mp", sorted(job.rank_of(d, p, 0) for p in range(job.pp))) for d in range(job.dp)]
+        made += [synth_schedule.Group("", "pos", [job.rank_of(d, 0, 0)]) for d in range(job.dp)]
+        made += [synth_schedule.Group("", "mp", sorted(job.rank_of(d, p, 0) for p in range(job.pp))) for d in range(job.dp)]
         made += [g for g in gs if g.desc == "dp"]
         by_rank = defaultdict(dict)
         for i, g in enumerate(made):
@@ -350,8 +350,8 @@ def test_a_peers_pg_status_key_is_not_borrowed_where_local_ids_shift(make_job, m
     def pos_and_mp(job, rank, by_rank, step):
         return (["pos"] if "pos" in by_rank[rank] and step == 0 else []) + ["mp"]
 
-    monkeypatch.setattr(synth, "_groups", with_pos_and_mp)
-    monkeypatch.setattr(synth, "_schedule", _opening_each_step(schedule, pos_and_mp))
+    monkeypatch.setattr(synth_sim, "process_groups", with_pos_and_mp)
+    monkeypatch.setattr(synth_sim, "schedule", _opening_each_step(schedule, pos_and_mp))
     job = synth.Job(tp=1, pp=2, dp=2, steps=3, fault=synth.Fault(kind="not_joined", rank=1, phase="p2p"))
     out, truth = make_job(job, per_host_folders=True)
     path = next(out.rglob("nccl_trace_rank_0"))

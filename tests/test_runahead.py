@@ -9,9 +9,9 @@ import pytest
 
 from flightrec import analyze
 from flightrec.ingest.safe_read import read_dump
-from flightrec.testing import runahead
+from flightrec.testing import runahead, runahead_scenarios
 
-SCENARIOS = {s.name: s for s in runahead.scenarios()}
+SCENARIOS = {s.name: s for s in runahead_scenarios.scenarios()}
 
 
 def _analyze(path, trigger="auto"):
@@ -39,14 +39,14 @@ def _check(report, want: dict) -> None:
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenario_reads_as_its_answer(name, tmp_path):
     s = SCENARIOS[name]
-    runahead.write_scenario(s, tmp_path)
+    runahead_scenarios.write_scenario(s, tmp_path)
     _check(_analyze(tmp_path, s.expect.get("trigger", "auto")), s.expect)
 
 
 def test_the_cpu_runs_ahead_of_the_gpu():
     """The model's point: at a hang, ranks hold several unfinished ops, most of them `scheduled` run-ahead."""
     s = SCENARIOS["moe_cpu_stops"]
-    run = runahead._Run(s.job)
+    run = runahead.Run(s.job)
     for rank in (0, 2):
         unfinished = [i for (r, i) in run.enq if r == rank and (r, i) not in run.done]
         assert len(unfinished) >= 3
@@ -56,7 +56,7 @@ def test_the_cpu_runs_ahead_of_the_gpu():
                                   "interleaved_1f1b_cpu_stops"])
 def test_with_no_hosts_known_the_same_ranks_are_named(name, tmp_path):
     s = SCENARIOS[name]
-    runahead.write_scenario(s, tmp_path / "hosts")
+    runahead_scenarios.write_scenario(s, tmp_path / "hosts")
     flat = tmp_path / "flat"
     flat.mkdir()
     for path in (tmp_path / "hosts").rglob("nccl_trace_rank_*"):
@@ -70,7 +70,7 @@ def test_written_with_only_unfinished_entries_the_same_ranks_are_named(name, tmp
     s = SCENARIOS[name]
     s.job.only_active = True
     try:
-        runahead.write_scenario(s, tmp_path)
+        runahead_scenarios.write_scenario(s, tmp_path)
     finally:
         s.job.only_active = False
     first = read_dump(next(tmp_path.rglob("nccl_trace_rank_0")))[0]

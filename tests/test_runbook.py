@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.testing import runahead
+from flightrec.testing import runahead_scenarios
 
 from .conftest import FIXTURES
 
@@ -92,8 +92,8 @@ def test_readme_and_docs_runbook_are_the_same_script():
 
 
 def test_a_gpu_that_stopped_drains_its_host(run_runbook, tmp_path):
-    scenario = next(s for s in runahead.scenarios() if s.name == "moe_gpu_freeze_timing")
-    runahead.write_scenario(scenario, tmp_path / "job")
+    scenario = next(s for s in runahead_scenarios.scenarios() if s.name == "moe_gpu_freeze_timing")
+    runahead_scenarios.write_scenario(scenario, tmp_path / "job")
     out, drained = run_runbook(tmp_path / "job")
     assert drained == scenario.expect["hosts"] == ["node1"]
     assert out.startswith("drain host node1")
