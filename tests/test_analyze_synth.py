@@ -507,15 +507,35 @@ def test_a_bystanders_lost_dump_takes_no_blame_for_a_dead_link(make_job, rank, k
     assert "in flight on every member" in report.summary
 
 
-def test_a_dead_link_whose_ends_both_completed_elsewhere_names_no_bystander_host(make_job):
-    """16 ranks, dp 8 across 8 hosts: the link node00001 <-> node00004 dies under two dp groups. One group that
-    kept completing holds 7 of the hosts, both ends of the link among them (its ring doesn't use that pair),
-    and host node00005, the one left out, was named (sweep). A group clears its hosts, not their links."""
+def _hosts_of_groups_that_kept_completing(report, desc: str | None = None) -> list[set[str]]:
+    """The hosts of each group (of `desc`, none stuck) that completed a collective after the first collective
+    stuck on all its members was enqueued: the situation some pinned-seed tests are about (a seed that no
+    longer builds it would let them pass idly)."""
+    units, colls = report.matching.units, report.matching.collectives
+    stuck = colls.filter((pl.col("status") == "in_flight") & (pl.col("n_completed") == 0))
+    since = units.join(stuck.select("group", "collective_seq_id"), on=["group", "collective_seq_id"])[
+        "time_created_ns"].min()
+    kept = (units.filter((pl.col("state") == "completed") & (pl.col("time_completed_ns") > since))
+            .join(stuck.select("group"), on="group", how="anti")
+            .join(report.trace.groups.select("group", "pg_desc"), on="group")
+            .filter(pl.lit(desc is None) | (pl.col("pg_desc") == desc))
+            .group_by("group").agg(pl.col("rank").unique()))
+    return [set(report.topology.hosts(ranks)) for ranks in kept["rank"].to_list()]
+
+def test_a_dead_link_under_every_group_with_timing_off_names_no_bystander_host(make_job):
+    """16 ranks, dp 8 across 8 hosts: the link node00001 <-> node00004 dies under both dp groups, NCCL timing
+    off, so no completion time says which group kept going. The sweep once built one dp group that kept
+    completing (its ring not using that pair) and host node00005 was named; the generator now hangs every op
+    spanning both hosts, so that situation is `test_a_dead_link_in_one_stuck_group_names_no_bystander_host`'s.
+    Here both groups stick, and nothing narrows it to a host: none is named."""
     job = synth.Job(tp=1, pp=2, dp=8, steps=6, ranks_per_host=2, microbatches=4, timing=False, seed=250180,
                     buffer_size=200, fault=synth.Fault(kind="dead_link", rank=9, step=2, phase="dp",
                                                        hosts=("node00004", "node00001")))
     # (NCCL timing off: no stamp says how long the collectives had waited; the user says the watchdog dumped)
     report, _ = run(make_job, job, per_host_folders=True, trigger="timeout")
+    # (the situation seed 250180 builds: both dp groups stuck at once, none seen to keep completing)
+    stuck = report.matching.collectives.filter((pl.col("status") == "in_flight") & (pl.col("n_completed") == 0))
+    assert stuck["group"].n_unique() == 2 and not _hosts_of_groups_that_kept_completing(report, "dp")
     assert report.verdict == "inconclusive" and not report.root_causes, report.summary
 
 
@@ -526,6 +546,9 @@ def test_a_dead_link_in_one_stuck_group_names_no_bystander_host(make_job):
     job = synth.Job(tp=8, pp=4, dp=8, ranks_per_host=2, steps=2, microbatches=1, seed=375754,
                     fault=synth.Fault(kind="dead_link", rank=177, phase="dp", hosts=("node00088", "node00091")))
     report, _ = run(make_job, job, per_host_folders=True)
+    # (the situation seed 375754 builds: 88, 90 and 91 completed something elsewhere since, 89 did not)
+    kept = set().union(*_hosts_of_groups_that_kept_completing(report))
+    assert {"node00088", "node00090", "node00091"} <= kept and "node00089" not in kept
     assert report.verdict == "inconclusive" and not report.root_causes, report.summary
     assert "node00089" not in report.summary or "not narrowed" in report.summary
 
@@ -630,6 +653,8 @@ def test_gloo_pipeline_hang_in_transfers_alone_reads_healthy_with_a_warning_it_w
                     seed=469536, fault=synth.Fault(kind="nic_down", rank=6, phase="p2p", step=0,
                                                    hosts=("node00001",)))
     report, _ = run(make_job, job, per_host_folders=True)
+    # (the situation seed 469536 builds: every collective recorded finished; the hang is in the transfers)
+    assert set(report.matching.collectives["status"].cast(pl.String)) == {"matched"}
     assert report.verdict == "healthy" and report.exit_code == 0, report.summary
     # (and, Gloo listing no world once a job makes subgroups, that a lost last rank would not show either)
     assert [f.kind for f in report.findings] == ["unrecorded_groups", "world_size_unknown"]

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import polars as pl
 
+from flightrec.model.vocab import DISAGREEMENTS, MatchStatus, PairStatus
+
 REPORT_VERSION = 2
-# bumped whenever reading a file gives another table (11: dtypes as text, new ops, any-source receives, mtimes, unreadable files)
+# bumped whenever reading a file gives another table (12: which reader read each file, and why not the fast one)
 CACHE_FORMAT_VERSION = 12
 
 # Recorder versions we have read the writer for. Newer ones load with a warning (known keys only).
@@ -179,13 +181,9 @@ def conform(frame: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
 
 # ---------------------------------------------------------------------------------------------- matching
 
-MATCH_STATUSES = (
-    "type_mismatch", "dtype_mismatch", "size_mismatch", "not_joined", "state_mismatch", "in_flight",
-    "missing_dumps", "matched",
-)
-MatchStatus = pl.Enum(list(MATCH_STATUSES))
-# Statuses that are a disagreement between members (a rank did something else), not just waiting.
-MISMATCH_STATUSES = ("type_mismatch", "dtype_mismatch", "size_mismatch")
+MATCH_STATUSES = tuple(s.value for s in MatchStatus)   # (worst first: `classify` keeps a collective's worst)
+MatchStatusType = pl.Enum(list(MATCH_STATUSES))
+MISMATCH_STATUSES = tuple(s.value for s in DISAGREEMENTS)   # (a rank did something else, not just waiting)
 
 # One row per (group, member rank), every member, dumped or not.
 PROGRESS = pl.Schema({
@@ -220,13 +218,13 @@ COLLECTIVES = pl.Schema({
     "type_ok": pl.Boolean,
     "dtype_ok": pl.Boolean,
     "size_ok": pl.Boolean,
-    "status": MatchStatus,
+    "status": MatchStatusType,
 })
 
 DIVERGENCES = pl.Schema({
     "group": GroupId,
     "collective_seq_id": pl.Int64,
-    "status": MatchStatus,
+    "status": MatchStatusType,
     "op": Op,
     "ranks": pl.List(pl.Int64),        # the minority, or the members that did not join
     "majority": pl.String,             # what the others did (op, dtype or shape), for the message
@@ -251,7 +249,7 @@ P2P_OPS_SCHEMA = pl.Schema({
     "recv_started": pl.Boolean,
     "send_sizes": Text,
     "recv_sizes": Text,
-    "status": pl.Enum(["matched", "in_flight", "unmatched_send", "unmatched_recv", "size_mismatch"]),
+    "status": pl.Enum([s.value for s in PairStatus]),
 })
 
 

@@ -65,3 +65,30 @@ class Action(StrEnum):
     RERUN_WITH_WORLD_SIZE = "rerun_with_world_size"  # no dump says how many ranks the job had
     RERUN_WITH_TRIGGER = "rerun_with_trigger"      # the dumps can't say whether the job hung
     NONE = "none"
+
+
+class MatchStatus(StrEnum):
+    """How a collective stands across its members (`analysis.collectives.classify`), worst first."""
+
+    TYPE_MISMATCH = "type_mismatch"      # members called different collectives at one seq
+    DTYPE_MISMATCH = "dtype_mismatch"    # the same collective with another dtype
+    SIZE_MISMATCH = "size_mismatch"      # ... or another shape
+    NOT_JOINED = "not_joined"            # some members never enqueued it
+    STATE_MISMATCH = "state_mismatch"    # finished on some members, not begun on others
+    IN_FLIGHT = "in_flight"              # every member enqueued it; not finished on all
+    MISSING_DUMPS = "missing_dumps"      # members with no dump: how far they got is unknown
+    MATCHED = "matched"                  # every member finished it, alike
+
+
+# Statuses that are a disagreement between members (a rank did something else), not just waiting.
+DISAGREEMENTS = (MatchStatus.TYPE_MISMATCH, MatchStatus.DTYPE_MISMATCH, MatchStatus.SIZE_MISMATCH)
+
+
+class PairStatus(StrEnum):
+    """How a send and its receive stand (`analysis.p2p_pairing`)."""
+
+    MATCHED = "matched"
+    IN_FLIGHT = "in_flight"
+    UNMATCHED_SEND = "unmatched_send"    # a send no receive was posted for
+    UNMATCHED_RECV = "unmatched_recv"    # a receive no send was posted for
+    SIZE_MISMATCH = "size_mismatch"      # the two ends' sizes differ

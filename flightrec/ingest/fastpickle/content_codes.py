@@ -12,7 +12,7 @@ from flightrec.ingest.fastpickle.kernels import compiled, told_apart
 from flightrec.ingest.fastpickle.kinds import INT, LIST, NONE, STR, TUPLE
 
 if TYPE_CHECKING:
-    from flightrec.ingest.fastpickle.tape import Tape   # (tape reads its texts with these passes)
+    from flightrec.ingest.fastpickle.tape import Tape  # (tape reads its texts with these passes)
 
 # (the helpers these passes inline: set by `kernels.compiled` as a pass is compiled)
 _open_table = None

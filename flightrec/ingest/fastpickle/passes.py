@@ -11,7 +11,7 @@ from flightrec.ingest.fastpickle.kernels import compiled
 from flightrec.ingest.fastpickle.kinds import NONE, STR
 
 if TYPE_CHECKING:
-    from flightrec.ingest.fastpickle.tape import Tape   # (tape reads its texts with these passes)
+    from flightrec.ingest.fastpickle.tape import Tape  # (tape reads its texts with these passes)
 
 # (the helpers these passes inline: set by `kernels.compiled` as a pass is compiled)
 _edge = None
