@@ -119,11 +119,11 @@ def test_usage_error_exit_2(runner):
 
 
 def test_internal_error_exit_70(runner, hung, monkeypatch):
-    from flightrec.cli import commands as cli
+    from flightrec import api
 
     def boom(*a, **k):
         raise RuntimeError("kaboom")
-    monkeypatch.setattr(cli, "analyze", boom)
+    monkeypatch.setattr(api, "analyze", boom)
     result = runner.invoke(main, ["analyze", str(hung)])
     assert result.exit_code == 70
     assert "flightrec bug" in result.stderr and "Traceback" not in result.stderr
@@ -147,7 +147,7 @@ def test_analyze_says_a_dumps_problem_once_in_the_report_not_on_stderr_too(runne
 def test_a_dependencys_deprecation_notice_is_not_shown_to_the_reader(runner, hung, monkeypatch):
     """A dependency's DeprecationWarning (Python 3.12's fork warning was one) is nothing an on-call engineer
     can act on: not shown, while flightrec's own warnings still are."""
-    from flightrec.cli import commands as cli
+    from flightrec import api
 
     def analyze(*args, **kwargs):
         warnings.warn("pyarrow.something is deprecated", DeprecationWarning, stacklevel=1)
@@ -155,8 +155,8 @@ def test_a_dependencys_deprecation_notice_is_not_shown_to_the_reader(runner, hun
         warnings.warn("--ranks-per-host 8 ignored: the dumps' folders say each rank's host", stacklevel=1)
         return real(*args, **kwargs)
 
-    real = cli.analyze
-    monkeypatch.setattr(cli, "analyze", analyze)
+    real = api.analyze
+    monkeypatch.setattr(api, "analyze", analyze)
     (hung / "node00000" / "nccl_trace_rank_1").write_bytes(b"\x80\x02junk")
     result = runner.invoke(main, ["analyze", str(hung), "-f", "json"])
     json.loads(result.stdout)
@@ -276,14 +276,14 @@ def test_convert_never_replaces_a_folder_it_did_not_write(runner, hung, tmp_path
 def test_an_unwritable_report_path_fails_before_the_analysis(runner, hung, tmp_path, monkeypatch):
     """A typo in -o must not cost the wait for a big job's analysis: exit 2 before loading anything; an error
     writing files elsewhere (a folder not writable) is exit 2 too, not a flightrec bug."""
-    from flightrec.cli import commands as cli
+    from flightrec import api
 
     def never(*a, **k):
         raise AssertionError("analysed before checking -o")
     # (a context, not monkeypatch.undo(): that also undid the private cache, and the convert below wrote into
     # the user's own)
     with monkeypatch.context() as patch:
-        patch.setattr(cli, "analyze", never)
+        patch.setattr(api, "analyze", never)
         for output, message in ((tmp_path / "no" / "such" / "r.json", "does not exist"),
                                 (tmp_path, "is a directory")):
             result = runner.invoke(main, ["analyze", str(hung), "-o", str(output)])
@@ -480,3 +480,16 @@ def test_entries_text_shows_seconds_since_start_and_retired(runner):
     out = runner.invoke(main, ["entries", str(FIXTURES / "skip_collective"), "--rank", "2", "--last", "1"]).stdout
     header = out.splitlines()[0].split()
     assert "created_s" in header and "retired" in header
+
+
+def test_the_command_line_starts_without_the_engine():
+    """`flightrec --help` (and a usage error) must answer at once: the CLI imports the engine, Polars and Arrow
+    only when a command runs (the figure, under 0.3 s, is `python -m bench.startup`'s)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom flightrec.cli import main\n"
+            "heavy = [m for m in ('polars', 'pyarrow', 'numpy', 'numba', 'flightrec.api') if m in sys.modules]\n"
+            "print(heavy)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

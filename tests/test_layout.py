@@ -161,3 +161,64 @@ def test_this_check_sees_the_package():
     graph, _ = _graph()
     assert len(MODULES) > 40 and graph.number_of_edges() > 100
     assert ("flightrec.diagnosis.verdict", "flightrec.analysis.matching") in graph.edges
+
+
+def _aliases(tree: ast.Module, module: str | None = None) -> dict[str, str]:
+    """Names bound to flightrec modules by the imports of `tree` (`module`: its own name, for relative ones)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("flightrec") and a.asname:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flightrec"):
+            for a in node.names:
+                if f"{node.module}.{a.name}" in MODULES:
+                    out[a.asname or a.name] = f"{node.module}.{a.name}"
+    return out
+
+
+def _patches() -> list[tuple[str, str, str]]:
+    """(test file, module, name) for every `monkeypatch.setattr` of a flightrec module's name in the tests."""
+    out = []
+    for path in sorted((ROOT.parent / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        aliases = _aliases(tree)
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "setattr" and node.args):
+                continue
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith("flightrec."):
+                module, name = first.value.rsplit(".", 1)
+                out.append((path.name, module, name))
+            elif (isinstance(first, ast.Name) and first.id in aliases and len(node.args) > 1
+                  and isinstance(node.args[1], ast.Constant)):
+                out.append((path.name, aliases[first.id], node.args[1].value))
+    return out
+
+
+def _read_through_the_module(module: str, name: str) -> bool:
+    """Whether a patch of `module.name` changes what runs: the module's own code reads it as a global, or
+    another module reads it as `module.name`. (A module that took it with `from module import name` keeps the
+    original: patching it there tests nothing.)"""
+    own = ast.parse(MODULES[module].read_text())
+    for fn in ast.walk(own):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(fn)):
+                return True
+    for other, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        aliases = {alias for alias, target in _aliases(tree).items() if target == module}
+        if aliases and any(isinstance(n, ast.Attribute) and n.attr == name and isinstance(n.value, ast.Name)
+                           and n.value.id in aliases for n in ast.walk(tree)):
+            return True
+    return False
+
+
+def test_every_patch_in_the_tests_changes_what_runs():
+    patches = _patches()
+    assert len(patches) > 20, patches   # (the scan sees them)
+    idle = [p for p in patches if p[1] in MODULES and not _read_through_the_module(p[1], p[2])]
+    unknown = [p for p in patches if p[1] not in MODULES]
+    assert not idle and not unknown, {"read by nothing through the module": idle, "no such module": unknown}

@@ -13,18 +13,22 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import polars as pl
 
 from flightrec import __version__
-from flightrec.api import AnalyzeOptions, analyze, run_match
 from flightrec.errors import DumpProblemWarning, FlightrecError
-from flightrec.ingest.load import load
-from flightrec.model.trace import LoadOptions
+
+if TYPE_CHECKING:
+    from flightrec.model.trace import LoadOptions
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70
+
+
+# Each command imports `flightrec.api` (the engine, Polars, Arrow: ~0.6 s) when it runs, not when the CLI
+# starts: `flightrec --help` and a usage error then answer at once.
 
 
 # ---------------------------------------------------------------------------------------------- plumbing
@@ -125,8 +129,10 @@ def _progress(quiet: bool):
 
 
 def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
+    from flightrec import api
+
     reader = click.get_current_context().meta.get("flightrec.reader", "auto")
-    return LoadOptions(prefix=prefix, world_size=world_size, use_cache=not no_cache, workers=workers,
+    return api.LoadOptions(prefix=prefix, world_size=world_size, use_cache=not no_cache, workers=workers,
                        progress=progress, reader=reader)
 
 
@@ -209,11 +215,13 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
       flightrec analyze /shared/fr_dumps/job1234 --ranks-per-host 8
       flightrec analyze dumps/ --trigger timeout --format json | jq -r '.culprits.hosts_to_drain[]'
     """
+    from flightrec import api
+
     _check_writable(output)
     # (each dump's problems are findings in the report: said there, not on stderr too)
     warnings.simplefilter("ignore", DumpProblemWarning)
     with _progress(quiet) as progress:
-        report = analyze(dump_dir, AnalyzeOptions(
+        report = api.analyze(dump_dir, api.AnalyzeOptions(
             load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
             topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger))
     if fmt == "json":
@@ -241,8 +249,10 @@ def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     Example:
       flightrec load dumps/
     """
+    from flightrec import api
+
     with _progress(quiet) as progress:
-        trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, progress))
+        trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, progress))
     if fmt == "json":
         from flightrec.report.tables import as_json
         click.echo(as_json(trace.summary_dict()), nl=False)
@@ -266,9 +276,10 @@ def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, l
       flightrec entries dumps/ --rank 5 --last 10
       flightrec entries dumps/ --pg tp --rank 4 --rank 5 --around 17
     """
+    from flightrec import api
     from flightrec.report import tables as views
 
-    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
     if around is not None and fmt == "json":
         frames = views.side_by_side_frames(trace, ranks=list(ranks), pg=pg, seq=around)
         click.echo(views.as_json([{**label, "rows": wide} for label, wide in frames]), nl=False)
@@ -291,9 +302,10 @@ def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     Example:
       flightrec stacks dumps/
     """
+    from flightrec import api
     from flightrec.report import tables as views
 
-    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
     click.echo(views.as_json(views.stack_groups_frame(trace)) if fmt == "json" else views.stack_groups(trace),
                nl=fmt != "json")
 
@@ -309,13 +321,14 @@ def groups(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     Example:
       flightrec groups dumps/
     """
+    from flightrec import api
     from flightrec.report import tables as views
 
-    trace = load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
     if fmt == "json":
-        click.echo(views.as_json(views.groups_frame(trace, run_match(trace), ranks_as_text=False)), nl=False)
+        click.echo(views.as_json(views.groups_frame(trace, api.run_match(trace), ranks_as_text=False)), nl=False)
     else:
-        click.echo(views.groups_table(trace, run_match(trace)))
+        click.echo(views.groups_table(trace, api.run_match(trace)))
 
 
 @main.command("cache")
@@ -333,10 +346,13 @@ def cache_cmd(clear, quiet):
       flightrec cache
       flightrec cache --clear
     """
+    import polars as pl
+
+    from flightrec import api
     from flightrec.report.tables import text_table
     from flightrec.store import cache
 
-    where = cache.cache_root(LoadOptions())
+    where = cache.cache_root(api.LoadOptions())
     if clear:
         removed = cache.prune(where, keep=None, budget_bytes=0)
         click.echo(f"removed {len(removed)} cache(s) from {where}")
@@ -388,9 +404,10 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
     Example:
       flightrec timing dumps/ --ranks-per-host 8
     """
+    from flightrec import api
     from flightrec.report.lateness import lateness_dict, lateness_table
 
-    report = analyze(dump_dir, AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
+    report = api.analyze(dump_dir, api.AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
                                               hosts_file=hosts_file, ranks_per_host=ranks_per_host))
     # (a rank late once, past the timeout, is a root cause `analyze` names, not a straggler: a median hides it)
     late_joins = [f for f in report.root_causes if f.kind == "straggler"]
@@ -422,6 +439,7 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
       flightrec convert /tmp/fr shards/$(hostname) --shard-only --host $(hostname)   # on each host
       flightrec analyze shards/                                                   # anywhere
     """
+    from flightrec import api
     from flightrec.ingest.load import load_raw
     from flightrec.report import tables as views
     from flightrec.store.cache import TABLES
@@ -432,8 +450,8 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
     write_shard(load_raw(dump_dir, opts), out, source=str(dump_dir), host=host)
     click.echo(f"wrote the shard to {out}: {', '.join(TABLES)}")
     if not shard_only:
-        trace = load(out, opts)
-        frames = [p.stem for p in views.export_parquet(trace, run_match(trace), out / "frames")]
+        trace = api.load(out, opts)
+        frames = [p.stem for p in views.export_parquet(trace, api.run_match(trace), out / "frames")]
         click.echo(f"wrote {len(frames)} Parquet tables to {out / 'frames'}: {', '.join(frames)}")
 
 
