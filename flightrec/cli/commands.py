@@ -133,7 +133,14 @@ def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
 
     reader = click.get_current_context().meta.get("flightrec.reader", "auto")
     return api.LoadOptions(prefix=prefix, world_size=world_size, use_cache=not no_cache, workers=workers,
-                       progress=progress, reader=reader)
+                           progress=progress, reader=reader)
+
+
+def _trace(dump_dir, prefix, world_size, no_cache, workers):
+    """The dumps under `dump_dir` as frames, for the table commands."""
+    from flightrec import api
+
+    return api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
 
 
 def _check_writable(output: Path | None) -> None:
@@ -276,10 +283,9 @@ def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, l
       flightrec entries dumps/ --rank 5 --last 10
       flightrec entries dumps/ --pg tp --rank 4 --rank 5 --around 17
     """
-    from flightrec import api
     from flightrec.report import tables as views
 
-    trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    trace = _trace(dump_dir, prefix, world_size, no_cache, workers)
     if around is not None and fmt == "json":
         frames = views.side_by_side_frames(trace, ranks=list(ranks), pg=pg, seq=around)
         click.echo(views.as_json([{**label, "rows": wide} for label, wide in frames]), nl=False)
@@ -302,10 +308,9 @@ def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     Example:
       flightrec stacks dumps/
     """
-    from flightrec import api
     from flightrec.report import tables as views
 
-    trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    trace = _trace(dump_dir, prefix, world_size, no_cache, workers)
     click.echo(views.as_json(views.stack_groups_frame(trace)) if fmt == "json" else views.stack_groups(trace),
                nl=fmt != "json")
 
@@ -324,7 +329,7 @@ def groups(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     from flightrec import api
     from flightrec.report import tables as views
 
-    trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    trace = _trace(dump_dir, prefix, world_size, no_cache, workers)
     if fmt == "json":
         click.echo(views.as_json(views.groups_frame(trace, api.run_match(trace), ranks_as_text=False)), nl=False)
     else:
