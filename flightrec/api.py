@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import NamedTuple
 
 import polars as pl
 
@@ -147,7 +150,16 @@ def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
         empty_host_folders=list(trace.empty_hosts),
         fast_reader_declined=[{"path": trace.relative(p), "reason": why} for p, why in loaded.filter(
             pl.col("fast_reader_declined").is_not_null()).select("path", "fast_reader_declined").iter_rows()],
+        folder=Path(trace.root).name,
+        last_entry_at=_utc(trace.entries["time_created_ns"].max()),
     )
+
+
+def _utc(ns: int | None) -> str | None:
+    """Nanoseconds since the epoch as ISO 8601 UTC, to the second."""
+    if ns is None or ns <= 0:
+        return None
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
 def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kwargs) -> Report:

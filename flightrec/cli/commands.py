@@ -1,7 +1,6 @@
 """Command line: arguments -> Python API -> render -> exit code. No analysis happens here.
 
-Exit codes: 0 healthy, 1 fault found (or inconclusive: read `verdict`), 2 usage error or unusable input,
-70 internal error.
+Exit codes: 0 healthy, 1 fault, 3 inconclusive, 2 usage error or unusable input, 70 internal error.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ EXIT_INTERNAL = 70
 # ---------------------------------------------------------------------------------------------- plumbing
 
 
-def _guard(fn):
+def guard(fn):
     """Library errors become one line on stderr (exit 2); anything else is our bug (exit 70). Every warning is
     shown (each file's problems, one by one), except a dependency's notice that an API it offers will change:
     nothing the person reading the report can act on."""
@@ -110,8 +109,8 @@ table_format_option = click.option("-f", "--format", "fmt", type=click.Choice(["
 
 
 @contextlib.contextmanager
-def _progress(quiet: bool):
-    """A progress bar on stderr for file parsing, only on a terminal."""
+def progress_bar(quiet: bool, what: str = "loading dumps"):
+    """A progress bar on stderr (for parsing files, or what `what` says), only on a terminal."""
     if quiet or not sys.stderr.isatty():
         yield None
         return
@@ -120,12 +119,17 @@ def _progress(quiet: bool):
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("loading dumps", total=None)
+        task = bar.add_task(what, total=None)
 
         def update(done: int, total: int) -> None:
             bar.update(task, completed=done, total=total)
 
         yield update
+
+
+db_option = click.option("--db", type=click.Path(path_type=Path, dir_okay=False),
+                         help="The incident log (SQLite); default $FLIGHTREC_HISTORY_DB or "
+                              "~/.local/share/flightrec/history.sqlite.")
 
 
 def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
@@ -194,7 +198,7 @@ def main():
 
     \b
     Start here:  flightrec analyze /path/to/dumps
-    Exit codes:  0 healthy, 1 fault found (or inconclusive), 2 bad input or usage, 70 internal error.
+    Exit codes:  0 healthy, 1 fault, 3 inconclusive, 2 bad input or usage, 70 internal error.
     """
 
 
@@ -212,22 +216,25 @@ def main():
 @click.option("--trigger", type=click.Choice(["auto", "timeout", "on-demand"]), default="auto", show_default=True,
               help="What wrote the dumps: 'timeout' (the watchdog, after a collective timed out: collectives in flight "
               "everywhere are a hang), 'on-demand' (a snapshot of a running job), 'auto' (read from their times).")
-@_guard
+@click.option("--record", is_flag=True, help="Also add the report to the incident log (`flightrec history`).")
+@db_option
+@guard
 def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
-                ranks_per_host, pg, trigger):
+                ranks_per_host, pg, trigger, record, db):
     """Name the root cause of a hang or crash: rank(s), host(s) or link.
 
     \b
     Example:
       flightrec analyze /shared/fr_dumps/job1234 --ranks-per-host 8
       flightrec analyze dumps/ --trigger timeout --format json | jq -r '.culprits.hosts_to_drain[]'
+      flightrec analyze /shared/fr_dumps/job1234 --record     # and keep it in the incident log
     """
     from flightrec import api
 
     _check_writable(output)
     # (each dump's problems are findings in the report: said there, not on stderr too)
     warnings.simplefilter("ignore", DumpProblemWarning)
-    with _progress(quiet) as progress:
+    with progress_bar(quiet) as progress:
         report = api.analyze(dump_dir, api.AnalyzeOptions(
             load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
             topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger))
@@ -242,13 +249,29 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
             first, _, rest = text.partition("\n")
             text = click.style(first, fg=colour, bold=True) + "\n" + rest
     _emit(text, output)
+    if record:
+        _record(report.to_dict(), dump_dir, db, quiet)
     sys.exit(report.exit_code)
+
+
+def _record(report: dict, dump_dir, db, quiet: bool) -> None:
+    """Add a report to the incident log; a log that can't be written is a warning: the verdict stands."""
+    from flightrec.history import History, HistoryError
+
+    try:
+        with History(db) as history:
+            done = history.record(report, dump_dir)
+        if not quiet:
+            click.echo(f"recorded in {history.path} ({'replacing its earlier recording' if done.replaced else 'new'})",
+                       err=True)
+    except HistoryError as exc:
+        click.echo(f"warning: not recorded: {exc}", err=True)
 
 
 @main.command("load")
 @load_options
 @table_format_option
-@_guard
+@guard
 def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     """Load the dumps and print what was found: ranks, entries, groups, versions, refused files.
 
@@ -258,7 +281,7 @@ def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     """
     from flightrec import api
 
-    with _progress(quiet) as progress:
+    with progress_bar(quiet) as progress:
         trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, progress))
     if fmt == "json":
         from flightrec.report.tables import as_json
@@ -274,7 +297,7 @@ def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
 @click.option("--last", type=click.IntRange(min=1), default=20, show_default=True, help="Last N entries per rank.")
 @click.option("--around", type=int, help="Side by side across ranks: collectives seq-5..seq+5 in --pg.")
 @table_format_option
-@_guard
+@guard
 def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, last, around, fmt):
     """Print recorded entries, or compare ranks side by side around a sequence id.
 
@@ -300,7 +323,7 @@ def entries(dump_dir, prefix, world_size, no_cache, workers, quiet, ranks, pg, l
 @main.command()
 @load_options
 @table_format_option
-@_guard
+@guard
 def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     """Group ranks by the stack of their last unfinished entry.
 
@@ -318,7 +341,7 @@ def stacks(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
 @main.command()
 @load_options
 @table_format_option
-@_guard
+@guard
 def groups(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     """List process groups: size, desc, members and how far they got.
 
@@ -339,7 +362,7 @@ def groups(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
 @main.command("cache")
 @click.option("--clear", is_flag=True, help="Remove every cache (a write in progress elsewhere is left alone).")
 @click.option("-q", "--quiet", is_flag=True, help="No warnings.")
-@_guard
+@guard
 def cache_cmd(clear, quiet):
     """List the caches of parsed dumps (where, how big, last used), or remove them all.
 
@@ -374,7 +397,7 @@ def cache_cmd(clear, quiet):
 
 
 @main.command("build-reader")
-@_guard
+@guard
 def build_reader():
     """Compile the fast pickle reader into numba's cache now (~10 s, once per install or upgrade).
 
@@ -401,7 +424,7 @@ def build_reader():
 @ranks_per_host_option
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Rows per table.")
 @table_format_option
-@_guard
+@guard
 def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, ranks_per_host, top, fmt):
     """Lateness per rank and host (clock offsets removed), and slow groups, from the timestamps.
 
@@ -433,7 +456,7 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
 @click.option("--shard-only", is_flag=True,
               help="Only the parsed tables (a shard for `analyze`), not the matching frames: for one host's dumps.")
 @click.option("--host", help="Host name to record for these dumps when their names don't say (e.g. $(hostname)).")
-@_guard
+@guard
 def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_only, host):
     """Export dumps as Parquet into OUT: the parsed tables (a shard `analyze` reads without any pickle) and,
     unless --shard-only, every analysis frame (groups, collectives, progress, p2p...) for other tools.

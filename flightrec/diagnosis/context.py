@@ -3,8 +3,8 @@ the phrases the findings share (a rank and its host, a group, how many wait)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
-from typing import Callable
 
 import polars as pl
 

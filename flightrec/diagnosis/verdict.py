@@ -5,8 +5,8 @@ Loops here run over the few findings (roots, divergent groups, cycles), never ov
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import polars as pl
 

@@ -6,7 +6,8 @@ becomes null and is noted in the dump's `problems`."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 

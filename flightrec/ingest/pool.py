@@ -13,8 +13,8 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa

@@ -4,8 +4,8 @@ one job (`Trace`), and how ranks are written for people (`format_ranks`)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import polars as pl
 

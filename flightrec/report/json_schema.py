@@ -40,7 +40,7 @@ def _dumps() -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["world_size", "loaded", "missing_ranks", "versions", "refused", "unreadable", "host_source",
-                     "only_active", "writers", "empty_host_folders", "fast_reader_declined"],
+                     "only_active", "writers", "empty_host_folders", "fast_reader_declined", "folder", "last_entry_at"],
         "properties": {
             "world_size": {"type": "integer", "minimum": 0},
             "loaded": {"type": "integer", "minimum": 0},
@@ -62,6 +62,10 @@ def _dumps() -> dict[str, Any]:
                                    "type": "array", "items": {"type": "string"}},
             "fast_reader_declined": {"description": "Files the fast reader left to the unpickler, with why.",
                                      "type": "array", "items": {"type": "object", "required": ["path", "reason"]}},
+            "folder": {"description": "The dump folder's name.", "type": "string"},
+            "last_entry_at": {"description": "When the job's newest entry was enqueued (ISO 8601, UTC), if the "
+                                             "dumps hold times: with `folder`, what tells incidents apart.",
+                              "type": ["string", "null"]},
         },
     }
 

@@ -91,6 +91,10 @@ class DumpSummary:
     empty_host_folders: list[str] = field(default_factory=list)
     # files the fast reader left to the unpickler, with why: [{"path", "reason"}]
     fast_reader_declined: list[dict[str, str]] = field(default_factory=list)
+    # the dump folder's name, and when the job's newest entry was enqueued (ISO 8601, UTC; None without times):
+    # what tells one incident from another in the history (`flightrec.history`)
+    folder: str = ""
+    last_entry_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,8 @@ class Report:
                 "writers": self.dumps.writers,
                 "empty_host_folders": self.dumps.empty_host_folders,
                 "fast_reader_declined": self.dumps.fast_reader_declined,
+                "folder": self.dumps.folder,
+                "last_entry_at": self.dumps.last_entry_at,
             },
             **({"scope": self.scope} if self.scope else {}),
         }

@@ -37,7 +37,9 @@ CELL_COLOURS = {  # progress heatmap cells
 __all__ = ["host_grid", "lateness", "progress_heatmap", "rank_states", "timeline", "wait_graph"]
 
 
-def _plt():
+def pyplot():
+    """matplotlib.pyplot, imported when a figure is drawn (Agg outside a notebook), or an ImportError that says
+    what to install."""
     try:
         import matplotlib
     except ImportError:
@@ -76,7 +78,7 @@ def rank_states(report: "Report") -> pl.DataFrame:
 
 def host_grid(report: "Report", max_hosts: int = 64) -> "Figure":
     """Hosts (rows) by local rank (columns), each cell coloured by the rank's state."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
 
     states = rank_states(report)
@@ -115,7 +117,7 @@ def progress_heatmap(report: "Report", group: str | None = None, window: int = 1
     """One group's members (rows) by collective sequence id (columns): completed, in flight, not joined.
 
     Default group: the first root cause's group, else the group with the most members behind."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
 
     m = report.matching
@@ -181,7 +183,7 @@ def _default_group(report: "Report") -> str:
 def wait_graph(report: "Report") -> "Figure":
     """The wait-for graph collapsed: each root cause is a node; the ranks waiting on it are grouped by the
     desc of the group they wait in, one node each with its count."""
-    plt = _plt()
+    plt = pyplot()
     import networkx as nx
 
     w, trace = report.waits, report.trace
@@ -227,7 +229,7 @@ def timeline(report: "Report", ranks: list[int] | None = None, last: int = 20) -
     completion (Gloo), a bar runs to the rank's next entry, hatched: when it finished is not known. Default
     ranks: the members of the first root cause's group (up to 8), else the stragglers, else the culprits and a
     few waiting ranks. Entries far before the rest (a start-up barrier) are clipped at the left edge."""
-    plt = _plt()
+    plt = pyplot()
     from flightrec.report.tables import check_ranks
 
     e = report.trace.entries
@@ -289,7 +291,7 @@ def lateness(report: "Report", ranks: list[int] | None = None) -> "Figure":
     """Lateness (ms, clock offsets removed) of each rank's collectives against when it enqueued them (ms since
     the first shown), in every group at once; stragglers stand out. Default ranks: the six latest by median.
     The dashed line is the threshold a rank's median must pass to be named a straggler."""
-    plt = _plt()
+    plt = pyplot()
     from flightrec.report.tables import check_ranks
 
     t = report.timing

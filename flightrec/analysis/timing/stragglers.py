@@ -12,9 +12,9 @@ suspects, as in `localize`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import combinations
-from typing import Callable
 
 import polars as pl
 

@@ -1,0 +1,63 @@
+"""The history for people (text, markdown) and for automation (JSON)."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from flightrec.model.wording import listed
+
+
+def _when(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M") if value is not None else "?"
+
+
+def headline(offenders: pl.DataFrame, n_incidents: int, since: str | None) -> str:
+    window = f"since {since}" if since else "in the whole log"
+    repeat = offenders.filter(pl.col("repeat"))
+    if not n_incidents:
+        return f"No incident recorded {window}: record some with `flightrec analyze DUMPS --record`."
+    if repeat.height == 0:
+        return f"{n_incidents:,} incident(s) {window}; nothing named in more than one of them."
+    names = listed([f"{w} {n}" for w, n in repeat.select("what", "name").iter_rows()], 4)
+    return f"{n_incidents:,} incident(s) {window}; named again and again: {names}."
+
+
+def as_text(offenders: pl.DataFrame, n_incidents: int, since: str | None, top: int = 20) -> str:
+    lines = [headline(offenders, n_incidents, since)]
+    if offenders.height:
+        lines += ["", f"{'':2}{'what':7}{'name':24}{'incidents':>10}  {'first seen':17}{'last seen':17}kinds"]
+        for row in offenders.head(top).iter_rows(named=True):
+            flag = "! " if row["repeat"] else "  "
+            lines.append(f"{flag}{row['what']:7}{row['name'][:23]:24}{row['incidents']:>10}  "
+                         f"{_when(row['first_seen']):17}{_when(row['last_seen']):17}{', '.join(row['kinds'])}")
+            if row["recommendation"]:
+                lines.append(f"{'':9}-> {row['recommendation']}")
+        if offenders.height > top:
+            lines.append(f"  ... ({offenders.height:,} in all; --top to see more)")
+    return "\n".join(lines) + "\n"
+
+
+def as_markdown(offenders: pl.DataFrame, n_incidents: int, since: str | None, top: int = 20) -> str:
+    lines = ["## flightrec history", "", f"**{headline(offenders, n_incidents, since)}**", ""]
+    if offenders.height:
+        lines += ["| | what | name | incidents | first seen | last seen | kinds | what to do |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for row in offenders.head(top).iter_rows(named=True):
+            lines.append(f"| {'**repeat**' if row['repeat'] else ''} | {row['what']} | {row['name']} | "
+                         f"{row['incidents']} | {_when(row['first_seen'])} | {_when(row['last_seen'])} | "
+                         f"{', '.join(row['kinds'])} | {row['recommendation']} |")
+    return "\n".join(lines) + "\n"
+
+
+def as_json(offenders: pl.DataFrame, n_incidents: int, since: str | None, min_incidents: int) -> str:
+    return json.dumps({
+        "since": since, "min_incidents": min_incidents, "incidents": n_incidents,
+        "offenders": [{**row, "first_seen": _iso(row["first_seen"]), "last_seen": _iso(row["last_seen"])}
+                      for row in offenders.iter_rows(named=True)],
+    }, indent=2) + "\n"
+
+
+def _iso(value) -> str | None:
+    return value.isoformat(timespec="seconds") if value is not None else None
