@@ -80,6 +80,9 @@ def offenders(history: History, since: str | None = None, min_incidents: int = 2
 
 def _recommendation(what: str, actions: list[str], n: int) -> str:
     """What to do for good about a host, link, switch or rank named in `n` incidents."""
+    if set(actions) <= {"fix_code", "recollect_dumps", "rerun_with_world_size", "rerun_with_trigger", "none"}:
+        return (f"named in {n} incidents for the job's code (ranks that ran other code) or its dumps, not its "
+                "hardware: nothing to drain; see each incident's next step")
     if what == "switch":
         return f"check the switch: every host under it was implicated in {n} incidents"
     if what == "link":
