@@ -399,7 +399,7 @@ def cache_cmd(clear, quiet):
 @main.command("build-reader")
 @guard
 def build_reader():
-    """Compile the fast pickle reader into numba's cache now (~10 s, once per install or upgrade).
+    """Compile the fast pickle reader into numba's cache now (~16 s, once per install or upgrade).
 
     Without this, the first load of 128 MB of dumps or more after an install compiles it (then every later run
     loads it from the cache in ~0.5 s). Run it where you provision flightrec, so that the first incident
