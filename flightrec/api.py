@@ -135,6 +135,7 @@ def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
         return [{"path": trace.relative(p), "reason": "; ".join(without_path(x, p, trace.root) for x in r),
                  "rank": rank} for p, r, rank in frame.select("path", "problems", "rank").iter_rows()]
 
+    newest = trace.entries["time_created_ns"].max()
     return DumpSummary(
         world_size=trace.world_size,
         loaded=loaded.height,
@@ -151,7 +152,8 @@ def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
         fast_reader_declined=[{"path": trace.relative(p), "reason": why} for p, why in loaded.filter(
             pl.col("fast_reader_declined").is_not_null()).select("path", "fast_reader_declined").iter_rows()],
         folder=Path(trace.root).name,
-        last_entry_at=_utc(trace.entries["time_created_ns"].max()),
+        last_entry_at=_utc(newest),
+        last_entry_ns=newest if newest is not None and newest > 0 else None,
     )
 
 

@@ -76,7 +76,7 @@ def test_history_answers_which_hosts_should_leave_the_pool_for_good(fleet, tmp_p
     result = runner.invoke(main, ["history", "--scan", str(fleet), "--db", db, "--workers", "2"])
     assert result.exit_code == 0, result.output
     assert "6 recorded, 0 already in the log, 0 failed" in result.stderr
-    assert "named again and again: host node00001" in result.stdout
+    assert "6 analyses recorded in the whole log (5 fault, 1 healthy); named in 2 or more: host node00001" in result.stdout
     assert "drain it permanently" in result.stdout
     data = json.loads(runner.invoke(main, ["history", "--db", db, "-f", "json"]).stdout)
     flagged = [o for o in data["offenders"] if o["repeat"]]
@@ -84,6 +84,7 @@ def test_history_answers_which_hosts_should_leave_the_pool_for_good(fleet, tmp_p
     assert data["incidents"] == 6
     markdown = runner.invoke(main, ["history", "--db", db, "-f", "markdown"]).stdout
     assert "| **repeat** | host | node00001 | 3 |" in markdown
+    assert "in: week1-a, week1-b, week2-a" in result.stdout   # (which incidents, to look at)
     # (scanned again: nothing new to analyse)
     again = runner.invoke(main, ["history", "--scan", str(fleet), "--db", db, "-q"])
     assert "0 recorded, 6 already in the log, 0 failed" in again.stderr
@@ -104,14 +105,22 @@ def test_the_window_leaves_older_incidents_out(fleet, tmp_path):
 
 
 def test_recording_the_same_incident_twice_keeps_one(tmp_path):
+    """Twice, from a copy under another name, and as its JSON twin: one incident (a copy must not make a host
+    a repeat offender); recorded again without a folder, it keeps the folder it was read from."""
     report = analyze(FIXTURES / "skip_collective", use_cache=False).to_dict()
+    copy = tmp_path / "inc-2026-12-01-skip"
+    shutil.copytree(FIXTURES / "skip_collective", copy)
     with History(tmp_path / "h.sqlite") as log:
-        first = log.record(report)
+        first = log.record(report, FIXTURES / "skip_collective")
         second = log.record(report)
-        assert first.incident_id == second.incident_id == incident_id(report)
-        assert (first.replaced, second.replaced) == (False, True)
+        third = log.record(analyze(copy, use_cache=False).to_dict(), copy)
+        twin = log.record(analyze(FIXTURES / "skip_collective_json", use_cache=False).to_dict())
+        assert first.incident_id == second.incident_id == third.incident_id == twin.incident_id
+        assert (first.replaced, second.replaced, third.replaced, twin.replaced) == (False, True, True, True)
         assert incidents(log).height == 1
+        assert incidents(log)["path"].to_list() == [str(copy.resolve())]
         assert named(log)["name"].to_list() == ["2"]   # (no host known: the rank itself)
+        assert incident_id(report) != incident_id(analyze(FIXTURES / "dead_rank", use_cache=False).to_dict())
 
 
 def test_a_report_of_another_version_is_refused_and_nothing_recorded(tmp_path):
@@ -119,17 +128,23 @@ def test_a_report_of_another_version_is_refused_and_nothing_recorded(tmp_path):
     with History(tmp_path / "h.sqlite") as log:
         with pytest.raises(HistoryError, match="a report of version 1: this flightrec records version 2"):
             log.record(dict(report, report_version=1))
+        with pytest.raises(HistoryError, match="a report of version '2'"):
+            log.record(dict(report, report_version="2"))
+        for bad in (dict(report, dumps=dict(report["dumps"], last_entry_at="yesterday")),
+                    dict(report, dumps=None), dict(report, findings=[{"kind": "x"}])):
+            with pytest.raises(HistoryError, match="not a flightrec report"):
+                log.record(bad)
         assert incidents(log).height == 0
 
 
 def test_a_recording_that_fails_half_way_leaves_nothing_of_it(tmp_path):
     report = analyze(FIXTURES / "skip_collective", use_cache=False).to_dict()
     broken = json.loads(json.dumps(report))
-    del broken["findings"][-1]["message"]   # (the incident row and the first findings are in when this fails)
+    broken["findings"][-1]["ranks"] = [{2}]   # (passes the checks, fails as JSON: after the incident's row is in)
     with History(tmp_path / "h.sqlite") as log:
         log.record(report)
-        other = dict(broken, dumps=dict(broken["dumps"], folder="another"))
-        with pytest.raises(KeyError):
+        other = dict(broken, dumps=dict(broken["dumps"], last_entry_ns=1, folder="another"))
+        with pytest.raises(TypeError):
             log.record(other)
         assert incidents(log)["job"].to_list() == ["skip_collective"]
         assert log.rows("SELECT count(*) FROM findings WHERE incident_id = ?", [incident_id(other)]) == [(0,)]
@@ -241,3 +256,77 @@ def test_the_notebook_figures_draw_the_history(fleet, tmp_path):
     assert labels[-1] == "node00001" and set(labels) == {"node00001", "node00002", "node00003"}   # (top: most)
     assert [t.get_text() for t in heat.axes[0].get_yticklabels()] == ["node00001", "node00002", "node00003"]
     assert len(heat.axes[0].get_xticklabels()) == 3   # (the three weeks)
+
+
+def test_a_query_never_makes_a_log_and_a_mistyped_one_says_so(tmp_path):
+    result = CliRunner().invoke(main, ["history", "--db", str(tmp_path / "nope" / "histroy.sqlite")])
+    assert result.exit_code == 2 and "no incident log there" in result.stderr
+    assert not (tmp_path / "nope").exists()
+
+
+def test_scanning_one_incidents_own_folder_is_refused(tmp_path):
+    """Its host folders are no incidents (each would read as a job with half its ranks lost)."""
+    for folder in ("subgroups_per_host", "dead_rank"):
+        result = CliRunner().invoke(main, ["history", "--scan", str(FIXTURES / folder), "--db",
+                                           str(tmp_path / "h.sqlite")])
+        assert result.exit_code == 2 and "holds one incident's dumps" in result.stderr, result.output
+    one = tmp_path / "incidents"
+    shutil.copytree(FIXTURES / "subgroups_per_host", one / "only", ignore=shutil.ignore_patterns("*.json", "*.txt"))
+    with History(tmp_path / "h.sqlite") as log:
+        assert backfill(log, one, workers=1).recorded == [str(one / "only")]   # (one incident folder under it)
+
+
+def test_a_scan_with_a_folder_that_fails_exits_2_for_cron(tmp_path):
+    root = tmp_path / "incidents"
+    shutil.copytree(FIXTURES / "dead_rank", root / "a", ignore=shutil.ignore_patterns("*.json", "*.txt"))
+    (root / "junk").mkdir()
+    result = CliRunner().invoke(main, ["history", "--scan", str(root), "--db", str(tmp_path / "h.sqlite"), "-q"])
+    assert result.exit_code == 2 and "1 recorded, 0 already in the log, 1 failed" in result.stderr
+
+
+def _record_one(args) -> str:
+    path, report = args
+    try:
+        with History(path) as log:
+            log.record(report)
+        return "ok"
+    except HistoryError as exc:
+        return str(exc)
+
+
+def test_processes_opening_a_new_log_at_once_all_record(tmp_path):
+    """A fabric outage hangs many jobs at once: each `analyze --record` may be the one to make the log."""
+    import multiprocessing
+
+    base = analyze(FIXTURES / "dead_rank", use_cache=False).to_dict()
+    reports = [dict(base, dumps=dict(base["dumps"], last_entry_ns=i + 1)) for i in range(4)]
+    for attempt in range(3):
+        path = tmp_path / f"h{attempt}.sqlite"
+        with multiprocessing.get_context("spawn").Pool(4) as pool:
+            results = pool.map(_record_one, [(path, r) for r in reports])
+        assert results == ["ok"] * 4, results
+        with History(path) as log:
+            assert incidents(log).height == 4
+
+
+def test_a_time_the_log_cannot_read_does_not_break_the_history(tmp_path):
+    path = tmp_path / "h.sqlite"
+    with History(path) as log:
+        log.record(analyze(FIXTURES / "dead_rank", use_cache=False).to_dict())
+        log.db.execute("UPDATE incidents SET hang_at = 'yesterday'")
+        assert offenders(log).height == 1 and incidents(log)["at"].to_list() == [None]
+
+
+def test_since_reads_spans_dates_and_offsets():
+    from datetime import UTC, datetime
+
+    from flightrec.errors import FlightrecError
+    from flightrec.history.offenders import since_time
+
+    now = datetime(2026, 12, 4, 12, tzinfo=UTC)
+    assert since_time("12h", now) == "2026-12-04T00:00:00+00:00"
+    assert since_time("2w", now) == "2026-11-20T12:00:00+00:00"
+    assert since_time("2026-12-01T03:00+02:00") == "2026-12-01T01:00:00+00:00"
+    for bad in ("1m", "99999999999d", "last tuesday"):
+        with pytest.raises(FlightrecError, match="hours, days or weeks"):
+            since_time(bad, now)

@@ -29,7 +29,7 @@ MAY_IMPORT = {
     "report": {"analysis", "diagnosis"},   # (what it renders: matching's frames, each finding's action)
     "testing": set(),
     "api": {"ingest", "store", "analysis", "diagnosis", "report"},
-    "history": {"flightrec", "api", "report"},   # (its version; a backfill analyses; the figures' pyplot)
+    "history": {"flightrec", "api", "ingest", "report"},   # (its version; a backfill lists and analyses; pyplot)
     "plots": {"report", "history"},          # (the notebook module kept at its old name)
     "cli": {"flightrec", "ingest", "store", "analysis", "diagnosis", "report", "api", "history"},
 }

@@ -20,4 +20,4 @@ def test_notebook_executes(tmp_path):
     assert "FAULT: rank 5 (node1) never joined all_reduce #5 in tp 2" in text
     images = sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert images >= 7   # (five of the incident, two of the fleet's history)
-    assert "named again and again:" in text
+    assert "named in 2 or more:" in text

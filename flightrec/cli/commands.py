@@ -128,8 +128,8 @@ def progress_bar(quiet: bool, what: str = "loading dumps"):
 
 
 db_option = click.option("--db", type=click.Path(path_type=Path, dir_okay=False),
-                         help="The incident log (SQLite); default $FLIGHTREC_HISTORY_DB or "
-                              "~/.local/share/flightrec/history.sqlite.")
+                         help="The incident log (SQLite); default $FLIGHTREC_HISTORY_DB, else history.sqlite in "
+                              "$XDG_DATA_HOME/flightrec (~/.local/share/flightrec).")
 
 
 def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:

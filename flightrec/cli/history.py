@@ -41,10 +41,12 @@ def record(reports, db):
 
 
 @main.command("history")
-@click.option("--since", help="Only incidents since then: a span (7d, 12h, 2w) or a date (2026-11-30).")
+@click.option("--since", help="Only incidents since then: hours, days or weeks (12h, 7d, 2w) or a date (2026-11-30, "
+              "UTC unless it says otherwise).")
 @click.option("--min-incidents", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Flag what a root cause named in this many incidents or more.")
-@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="Show this many rows.")
+              help="Flag each host, link, switch or rank named as a root cause in at least this many incidents.")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Show this many rows (text and markdown; JSON has them all).")
 @click.option("-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text",
               show_default=True)
 @click.option("--scan", type=click.Path(path_type=Path, file_okay=False, exists=True),
@@ -57,6 +59,8 @@ def record(reports, db):
 def history(since, min_incidents, top, fmt, scan, workers, no_cache, quiet, db):
     """The hosts, links, switches and ranks named most often across incidents; repeat offenders flagged.
 
+    Exit code 2 where --scan could not record some folder (each said on stderr).
+
     \b
     Examples:
       flightrec history --since 7d                  # which hosts should leave the pool for good?
@@ -66,19 +70,23 @@ def history(since, min_incidents, top, fmt, scan, workers, no_cache, quiet, db):
     from flightrec.history import History, backfill, incidents, offenders
     from flightrec.history.render import as_json, as_markdown, as_text
 
-    with History(db) as log:
+    failed = []
+    # (a query never makes a log: a mistyped --db must not read as an empty history)
+    with History(db, create=scan is not None) as log:
         if scan is not None:
             with progress_bar(quiet, "analysing incidents") as progress:
                 done = backfill(log, scan, workers=workers, use_cache=not no_cache, progress=progress)
-            for folder, why in done.failed:
+            failed = done.failed
+            for folder, why in failed:
                 click.echo(f"{folder}: not recorded: {why}", err=True)
             click.echo(f"scanned {scan}: {len(done.recorded)} recorded, {len(done.known)} already in the log, "
-                       f"{len(done.failed)} failed", err=True)
+                       f"{len(failed)} failed", err=True)
         found = offenders(log, since, min_incidents)
-        n = incidents(log, since).height
+        recorded = incidents(log, since)
     if fmt == "json":
-        click.echo(as_json(found, n, since, min_incidents), nl=False)
+        click.echo(as_json(found, recorded, since, min_incidents), nl=False)
     elif fmt == "markdown":
-        click.echo(as_markdown(found, n, since, top), nl=False)
+        click.echo(as_markdown(found, recorded, since, min_incidents, top), nl=False)
     else:
-        click.echo(as_text(found, n, since, top), nl=False)
+        click.echo(as_text(found, recorded, since, min_incidents, top), nl=False)
+    raise SystemExit(2 if failed else 0)   # (a backfill run by cron sees that some folders failed)

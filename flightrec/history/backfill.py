@@ -28,11 +28,33 @@ class Backfill:
 
 
 def incident_folders(root: str | os.PathLike) -> list[Path]:
-    """The folders directly under `root`, each one incident's dumps (a job's dump folder per hang)."""
+    """The folders directly under `root`, each one incident's dumps (a job's dump folder per hang). Refused
+    where `root` is itself one incident: dumps in it, or one job's dumps over several host folders."""
     root = Path(root)
     if not root.is_dir():
         raise FlightrecError(f"{root}: not a folder; pass the folder holding one sub-folder of dumps per incident")
+    if _one_incident(root):
+        raise FlightrecError(f"{root} holds one incident's dumps: record it with `flightrec analyze {root} --record`, "
+                             "or pass --scan the folder holding one sub-folder per incident")
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _one_incident(root: Path) -> bool:
+    """`root` reads as one job's dumps: some lie in it, or they lie in several of its folders and make one job
+    together (a job's host folders), not one each (incidents, each a whole job, claiming the same ranks)."""
+    import warnings
+
+    from flightrec.errors import MultipleJobsError, NoDumpsError
+    from flightrec.ingest.discover import discover
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            files = discover(root)
+    except (MultipleJobsError, NoDumpsError):
+        return False
+    tops = {Path(f.path).relative_to(root).parts[0] if Path(f.path).parent != root else "" for f in files}
+    return "" in tops or len(tops) > 1
 
 
 def _analyze(folder: str, use_cache: bool) -> dict:

@@ -84,21 +84,50 @@ class Recorded:
 
 
 def incident_id(report: dict[str, Any]) -> str:
-    """The same incident gets the same id however often, and by whichever flightrec, it is recorded: the dump
-    folder's name, when its newest entry was enqueued, and the world size (not the verdict, which a newer
-    flightrec may read differently)."""
+    """The same incident gets the same id however often, under whatever folder name or format (pickle or JSON),
+    and by whichever flightrec it is recorded: when its newest entry was enqueued, to the nanosecond, and the
+    world size (not the verdict, which a newer flightrec may read differently). Dumps with no times fall back
+    to the folder's name."""
     d = report["dumps"]
-    key = json.dumps([d.get("folder", ""), d.get("last_entry_at"), d.get("world_size")])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    key = [d.get("last_entry_ns"), d.get("world_size")] if d.get("last_entry_ns") else [d.get("folder", ""),
+                                                                                        d.get("world_size")]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+
+def check_report(report: Any) -> None:
+    """A report this flightrec can record, or HistoryError saying what is wrong with it."""
+    if not isinstance(report, dict) or not {"verdict", "summary", "findings", "dumps"} <= report.keys():
+        raise HistoryError("not a flightrec report (`flightrec analyze --format json` writes one)")
+    version = report.get("report_version")
+    if version != REPORT_VERSION:
+        raise HistoryError(f"a report of version {version!r}: this flightrec records version {REPORT_VERSION}; "
+                           "analyze its dumps again with this flightrec")
+    d, findings = report["dumps"], report["findings"]
+    if not isinstance(d, dict) or not isinstance(findings, list):
+        raise HistoryError("not a flightrec report: its 'dumps' or 'findings' is not what analyze writes")
+    try:
+        if d.get("last_entry_at") is not None:
+            datetime.fromisoformat(d["last_entry_at"])
+        if d.get("last_entry_ns") is not None and not isinstance(d["last_entry_ns"], int):
+            raise TypeError("last_entry_ns")
+        for f in findings:
+            if not (isinstance(f["kind"], str) and isinstance(f["role"], str) and isinstance(f["message"], str)
+                    and all(isinstance(f[k], list) for k in ("ranks", "hosts", "links"))):
+                raise TypeError("finding")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HistoryError(f"not a flightrec report: a field is missing or of another type ({exc})") from None
 
 
 class History:
     """The incident log in `path` (`default_path()` if None), made or migrated on opening. `timeout`: how long
     to wait for another process writing it."""
 
-    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 5.0):
+    def __init__(self, path: str | os.PathLike | None = None, timeout: float = 5.0, create: bool = True):
         self.path = Path(path) if path is not None else default_path()
         self.timeout = timeout
+        if not create and not self.path.exists():
+            raise HistoryError(f"{self.path}: no incident log there; check --db (or $FLIGHTREC_HISTORY_DB), or record "
+                               "incidents first with `flightrec analyze DUMPS --record`")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
@@ -107,8 +136,8 @@ class History:
         except sqlite3.DatabaseError as exc:
             raise _explained(exc, self.path, timeout) from None
         except OSError as exc:
-            raise HistoryError(f"{self.path}: can't open the incident log ({exc.strerror}); "
-                               "pass --db with a path you can write") from None
+            raise HistoryError(f"{self.path}: can't make the incident log there ({exc.strerror or exc}); pass --db a "
+                               "file in a folder you can write") from None
 
     def close(self) -> None:
         self.db.close()
@@ -120,20 +149,25 @@ class History:
         self.close()
 
     def _migrate(self) -> None:
-        version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise HistoryError(f"{self.path}: written by a newer flightrec (schema {version}, this one reads up to "
-                               f"{SCHEMA_VERSION}); upgrade flightrec, or pass --db another file")
-        if version == 0 and self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-            raise HistoryError(f"{self.path}: a SQLite file, but not a flightrec incident log; pass --db another file")
-        for step in range(version + 1, SCHEMA_VERSION + 1):
+        """Bring the file to SCHEMA_VERSION, a version at a time, each read and applied under the write lock: two
+        processes opening a new log at once must not both make its tables."""
+        while True:
             with self._transaction():
-                for statement in _SCHEMA[step]:
+                version = self.db.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise HistoryError(f"{self.path}: written by a newer flightrec (schema {version}, this one reads "
+                                       f"up to {SCHEMA_VERSION}); upgrade flightrec, or pass --db another file")
+                if version == SCHEMA_VERSION:
+                    return
+                if version == 0 and self.db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                    raise HistoryError(f"{self.path}: a SQLite file, but not a flightrec incident log; pass --db "
+                                       "another file")
+                for statement in _SCHEMA[version + 1]:
                     if statement == "__fill_culprits__":
                         self._fill_culprits()
                     else:
                         self.db.execute(statement)
-                self.db.execute(f"PRAGMA user_version = {step}")
+                self.db.execute(f"PRAGMA user_version = {version + 1}")
 
     def _fill_culprits(self) -> None:
         rows = self.db.execute("SELECT incident_id, position, kind, action, ranks, hosts, links, evidence "
@@ -149,22 +183,20 @@ class History:
 
     def record(self, report: dict[str, Any], path: str | os.PathLike | None = None) -> Recorded:
         """Add one report (`Report.to_dict()`, or a report JSON file's content) to the log, in one transaction;
-        the same incident recorded again replaces its earlier recording."""
-        if not isinstance(report, dict) or not {"verdict", "summary", "findings", "dumps"} <= report.keys():
-            raise HistoryError("not a flightrec report (`flightrec analyze --format json` writes one)")
-        version = report.get("report_version")
-        if version != REPORT_VERSION:
-            raise HistoryError(f"a report of version {version}: this flightrec records version {REPORT_VERSION}; "
-                               "analyze its dumps again with this flightrec")
+        the same incident recorded again replaces its earlier recording (keeping the folder it was read from)."""
+        check_report(report)
         key = incident_id(report)
         d = report["dumps"]
+        where = None if path is None else str(Path(path).resolve())
         with self._transaction():
-            replaced = self.db.execute("DELETE FROM incidents WHERE id = ?", (key,)).rowcount > 0
+            earlier = self.db.execute("SELECT path FROM incidents WHERE id = ?", (key,)).fetchone()
+            if earlier is not None:
+                self.db.execute("DELETE FROM incidents WHERE id = ?", (key,))
+                where = where or earlier[0]
             self.db.execute(
                 "INSERT INTO incidents VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (key, d.get("folder") or "", None if path is None else str(Path(path).resolve()),
-                 d.get("last_entry_at"), report["verdict"], report["summary"], d.get("world_size"),
-                 json.dumps(d.get("versions", [])), __version__, version,
+                (key, d.get("folder") or "", where, _utc(d.get("last_entry_at")), report["verdict"], report["summary"],
+                 d.get("world_size"), json.dumps(d.get("versions", [])), __version__, report["report_version"],
                  datetime.now(UTC).isoformat(timespec="seconds")))
             for position, f in enumerate(report["findings"]):
                 self.db.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -174,7 +206,7 @@ class History:
                 if f["role"] == "root_cause":
                     self.db.executemany("INSERT INTO culprits VALUES (?, ?, ?, ?, ?, ?)",
                                         [(key, position, *row) for row in _culprit_rows(f)])
-        return Recorded(key, replaced)
+        return Recorded(key, earlier is not None)
 
     def recorded_paths(self) -> set[str]:
         """The folders recorded from (absolute paths), for a backfill to pass over."""
@@ -185,6 +217,14 @@ class History:
             return self.db.execute(sql, tuple(params)).fetchall()
         except sqlite3.DatabaseError as exc:
             raise _explained(exc, self.path, self.timeout) from None
+
+
+def _utc(when: str | None) -> str | None:
+    """An ISO time as the log holds every time (UTC, to the second), so that times compare as text."""
+    if when is None:
+        return None
+    moment = datetime.fromisoformat(when)
+    return (moment.astimezone(UTC) if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat(timespec="seconds")
 
 
 def _culprit_rows(finding: dict[str, Any]) -> list[tuple[str, str, str, str]]:

@@ -40,7 +40,8 @@ def _dumps() -> dict[str, Any]:
     return {
         "type": "object",
         "required": ["world_size", "loaded", "missing_ranks", "versions", "refused", "unreadable", "host_source",
-                     "only_active", "writers", "empty_host_folders", "fast_reader_declined", "folder", "last_entry_at"],
+                     "only_active", "writers", "empty_host_folders", "fast_reader_declined", "folder", "last_entry_at",
+                     "last_entry_ns"],
         "properties": {
             "world_size": {"type": "integer", "minimum": 0},
             "loaded": {"type": "integer", "minimum": 0},
@@ -66,6 +67,9 @@ def _dumps() -> dict[str, Any]:
             "last_entry_at": {"description": "When the job's newest entry was enqueued (ISO 8601, UTC), if the "
                                              "dumps hold times: with `folder`, what tells incidents apart.",
                               "type": ["string", "null"]},
+            "last_entry_ns": {"description": "The same in nanoseconds since the epoch: the same dumps, wherever "
+                                             "they are copied, give the same value (the incident log's key).",
+                              "type": ["integer", "null"]},
         },
     }
 

@@ -95,6 +95,7 @@ class DumpSummary:
     # what tells one incident from another in the history (`flightrec.history`)
     folder: str = ""
     last_entry_at: str | None = None
+    last_entry_ns: int | None = None   # the same, to the nanosecond: one incident's dumps wherever they are copied
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,7 @@ class Report:
                 "fast_reader_declined": self.dumps.fast_reader_declined,
                 "folder": self.dumps.folder,
                 "last_entry_at": self.dumps.last_entry_at,
+                "last_entry_ns": self.dumps.last_entry_ns,
             },
             **({"scope": self.scope} if self.scope else {}),
         }
