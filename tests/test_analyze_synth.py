@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from flightrec import analyze
-from flightrec.analysis import wait_graph as waits
+from flightrec.analysis import wait_graph
 from flightrec.diagnosis.missing import all_with_a_dump_joined
 from flightrec.model.topology import Topology
 from flightrec.testing import synth, synth_schedule, synth_sim
@@ -750,10 +750,10 @@ def test_gloo_a_host_down_whose_ranks_no_group_names_is_still_waited_on(make_job
     assert report.culprits["hosts"] == ["host0"]
     assert not [f for f in report.findings if f.kind == "stuck_in_flight"]
     # (8 groups x 8 lost ranks: over a cap, the guess is dropped rather than making millions of edges)
-    guessed = waits._lost_members(report.matching.progress, report.trace.groups, report.trace.missing_ranks)
+    guessed = wait_graph._lost_members(report.matching.progress, report.trace.groups, report.trace.missing_ranks)
     assert guessed.height == 64
-    monkeypatch.setattr(waits, "MAX_GUESSED_MEMBERS", 63)
-    assert waits._lost_members(report.matching.progress, report.trace.groups, report.trace.missing_ranks).height == 0
+    monkeypatch.setattr(wait_graph, "MAX_GUESSED_MEMBERS", 63)
+    assert wait_graph._lost_members(report.matching.progress, report.trace.groups, report.trace.missing_ranks).height == 0
 
 
 def test_gloo_a_host_down_that_took_one_member_of_each_evenly_spaced_group_is_named(make_job):

@@ -145,9 +145,9 @@ def test_every_file_unreadable_exits_2(tmp_path):
 
 def test_unreadable_file_is_refused(job_dir, monkeypatch):
     """Root reads any file, so the permission error is injected where the reader opens the file."""
-    from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest import pool
 
-    real, real_open = parse_pool.read_dump_bytes, parse_pool._open_dump
+    real, real_open = pool.read_dump_bytes, pool._open_dump
 
     def deny(path):
         if str(path).endswith("_7"):
@@ -156,8 +156,8 @@ def test_unreadable_file_is_refused(job_dir, monkeypatch):
 
     def deny_open(path):   # (the tape's batches open the files themselves)
         return None if str(path).endswith("_7") else real_open(path)
-    monkeypatch.setattr(parse_pool, "read_dump_bytes", deny)
-    monkeypatch.setattr(parse_pool, "_open_dump", deny_open)
+    monkeypatch.setattr(pool, "read_dump_bytes", deny)
+    monkeypatch.setattr(pool, "_open_dump", deny_open)
     trace, _ = _quiet_load(job_dir, workers=1)
     assert trace.missing_ranks == [7]
     assert "Permission denied" in trace.dumps.filter(trace.dumps["rank"] == 7)["problems"][0][0]

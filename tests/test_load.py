@@ -354,36 +354,36 @@ def test_the_workers_row_tables_are_the_arrow_twins_of_the_raw_frames():
 
 
 def test_chunks_cover_the_files_in_rank_order_and_shrink_towards_the_end():
-    """The pool's chunks (`parse_pool._chunks`): every file once, in order; none over CHUNK_BYTES (a bigger file
+    """The pool's chunks (`pool._chunks`): every file once, in order; none over CHUNK_BYTES (a bigger file
     alone); towards the end each at most 1 / (2 x workers) of what is left, down to TAIL_BYTES, so the workers
     finish together."""
     from pathlib import Path
 
-    from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest import pool
     from flightrec.model.trace import DumpFile
 
     mb = 1 << 20
-    sizes = [mb] * 700 + [parse_pool.CHUNK_BYTES * 2] + [mb // 2] * 300
+    sizes = [mb] * 700 + [pool.CHUNK_BYTES * 2] + [mb // 2] * 300
     files = [DumpFile(path=Path(f"r{i}"), rank=i, host=None, size=s, mtime_ns=0) for i, s in enumerate(sizes)]
-    chunks = parse_pool._chunks(files, 16, workers=2)
+    chunks = pool._chunks(files, 16, workers=2)
     assert [rank for chunk in chunks for _, rank in chunk] == list(range(len(files)))
     held = [sum(sizes[rank] for _, rank in chunk) for chunk in chunks]
-    assert all(h <= parse_pool.CHUNK_BYTES or len(c) == 1 for h, c in zip(held, chunks))
+    assert all(h <= pool.CHUNK_BYTES or len(c) == 1 for h, c in zip(held, chunks))
     left = sum(sizes)
     for h, chunk in zip(held, chunks):
         if len(chunk) > 1:   # (a chunk ends before the file that would take it past its share of what is left)
-            assert h - sizes[chunk[-1][1]] < max(min(parse_pool.CHUNK_BYTES, left // 4), parse_pool.TAIL_BYTES)
+            assert h - sizes[chunk[-1][1]] < max(min(pool.CHUNK_BYTES, left // 4), pool.TAIL_BYTES)
         left -= h
-    assert held[-2] < held[0] / 4 and held[-2] >= parse_pool.TAIL_BYTES
+    assert held[-2] < held[0] / 4 and held[-2] >= pool.TAIL_BYTES
 
 
 def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
-    """`parse_pool._read_batches`: pickles in order, in batches under the limit (a bigger file alone), laid end
+    """`pool._read_batches`: pickles in order, in batches under the limit (a bigger file alone), laid end
     to end in one buffer, each read as its batch is taken; a gzipped pickle joins them unzipped; JSON and
     unreadable files are left aside, with their bytes or None."""
     import gzip
 
-    from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest import pool
 
     contents = [b"\x80" + b"a" * 99, b"\x80" + b"b" * 99, b'{"entries": []}', b"\x80" + b"c" * 299,
                 b"\x80" + b"d" * 49, b"\x80" + b"e" * 59]
@@ -393,7 +393,7 @@ def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
         items.append((str(tmp_path / f"rank_{i}"), i))
     items.append((str(tmp_path / "rank_9"), 9))   # (no such file)
     left: dict = {}
-    batches = parse_pool._read_batches(items, 250, left)
+    batches = pool._read_batches(items, 250, left)
     seen = []
     for batch, buffer, sizes in batches:
         ranks = [rank for _, rank in batch]
@@ -411,13 +411,13 @@ def test_a_worker_reads_its_files_a_batch_at_a_time(tmp_path):
 def test_every_chunk_of_entries_has_the_one_derived_schema(case, use_tape):
     """The parent gathers the workers' chunks column by column (`one_chunk`): whatever a chunk held (JSON,
     pickles through either reader, recorder versions with columns absent), its entries have DERIVED_ENTRIES."""
-    from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest import pool
     from flightrec.ingest.derive import DERIVED_ENTRIES
     from flightrec.ingest.discover import discover
 
     from .conftest import FIXTURES
     files = discover(FIXTURES / case, None)
-    result = parse_pool._parse_chunk([(str(f.path), f.rank) for f in files], None, use_tape)
+    result = pool._parse_chunk([(str(f.path), f.rank) for f in files], None, use_tape)
     assert result["entries"].num_rows > 0 and result["entries"].schema.equals(DERIVED_ENTRIES)
 
 
@@ -452,14 +452,14 @@ def test_the_garbage_collector_is_paused_while_loading_and_left_as_it_was(make_j
 def test_spool_files_are_in_memory_only_while_gathered(make_job, tmp_path, monkeypatch, gathered):
     """Gathered as they come, the chunks' spool files live in a memory-backed folder (removed with it); kept
     memory-mapped (big input), they stay on disk, where the system can evict their pages."""
-    parse_pool = importlib.import_module("flightrec.ingest.pool")
+    pool = importlib.import_module("flightrec.ingest.pool")
     memory = tmp_path / "shm"
     memory.mkdir()
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(memory))
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
-    monkeypatch.setattr(parse_pool, "ONE_CHUNK_MAX_INPUT", 1 << 60 if gathered else 0)
-    gathered_from, real_gather = [], parse_pool._gather
-    monkeypatch.setattr(parse_pool, "_gather", lambda table, entries: (gathered_from.append(entries),
+    monkeypatch.setattr(pool, "MEMORY_SPOOL", str(memory))
+    monkeypatch.setattr(pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    monkeypatch.setattr(pool, "ONE_CHUNK_MAX_INPUT", 1 << 60 if gathered else 0)
+    gathered_from, real_gather = [], pool._gather
+    monkeypatch.setattr(pool, "_gather", lambda table, entries: (gathered_from.append(entries),
                                                                        real_gather(table, entries)))
     out, _ = make_job(synth.Job(tp=2, pp=2, dp=4, steps=3))
     pooled = load(out, LoadOptions(use_cache=False, workers=2))
@@ -475,7 +475,7 @@ def test_forking_the_pool_beside_idle_library_threads_warns_no_one(make_job, mon
     """From Python 3.12, os.fork warns in a process that has threads, as the parent always has (Polars' and
     numpy's idle library threads): wherever such warnings are shown (the CLI did until this round, test
     runners, `-W default`), each load said twice that fork "may lead to deadlocks". That one is not passed on
-    (parse_pool says why the fork is safe). Emulated here by a fork that warns as 3.12's does, so that the
+    (`ingest.pool` says why the fork is safe). Emulated here by a fork that warns as 3.12's does, so that the
     test runs on any Python."""
     real_fork = os.fork
 
@@ -496,11 +496,11 @@ def test_forking_the_pool_beside_idle_library_threads_warns_no_one(make_job, mon
 def test_a_spool_file_that_does_not_fit_goes_to_the_next_folder(tmp_path, monkeypatch):
     """A full memory-backed folder (ENOSPC part-way through) or a missing one: the file goes to the next
     folder, and no partial file is left behind."""
-    parse_pool = importlib.import_module("flightrec.ingest.pool")
+    pool = importlib.import_module("flightrec.ingest.pool")
     full, gone, disk = tmp_path / "full", tmp_path / "gone", tmp_path / "disk"
     full.mkdir()
     disk.mkdir()
-    real_write = parse_pool._write_arrow
+    real_write = pool._write_arrow
 
     def write(table, path):
         if Path(path).parent == full:
@@ -508,38 +508,38 @@ def test_a_spool_file_that_does_not_fit_goes_to_the_next_folder(tmp_path, monkey
             raise OSError(28, "No space left on device")
         return real_write(table, path)
 
-    monkeypatch.setattr(parse_pool, "_write_arrow", write)
+    monkeypatch.setattr(pool, "_write_arrow", write)
     table = pa.table({"a": [1, 2, 3]})
-    path = parse_pool._spool_entries(table, "chunk0.arrow", [str(full), str(gone), str(disk)])
+    path = pool._spool_entries(table, "chunk0.arrow", [str(full), str(gone), str(disk)])
     assert Path(path) == disk / "chunk0.arrow" and list(full.iterdir()) == []
     with pa.memory_map(path) as source:
         assert pa.ipc.open_file(source).read_all().equals(table)
     with pytest.raises(OSError):
-        parse_pool._spool_entries(table, "chunk1.arrow", [str(gone)])
+        pool._spool_entries(table, "chunk1.arrow", [str(gone)])
 
 
 def test_no_memory_spool_where_the_folder_is_missing_or_short_of_room(tmp_path, monkeypatch):
-    parse_pool = importlib.import_module("flightrec.ingest.pool")
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path))
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
-    with parse_pool._memory_spool() as folder:
+    pool = importlib.import_module("flightrec.ingest.pool")
+    monkeypatch.setattr(pool, "MEMORY_SPOOL", str(tmp_path))
+    monkeypatch.setattr(pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    with pool._memory_spool() as folder:
         assert folder is not None and Path(folder).parent == tmp_path
     assert not Path(folder).exists()
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 1 << 62)
-    with parse_pool._memory_spool() as folder:
+    monkeypatch.setattr(pool, "MEMORY_SPOOL_MIN_FREE", 1 << 62)
+    with pool._memory_spool() as folder:
         assert folder is None
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path / "missing"))
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
-    with parse_pool._memory_spool() as folder:
+    monkeypatch.setattr(pool, "MEMORY_SPOOL", str(tmp_path / "missing"))
+    monkeypatch.setattr(pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    with pool._memory_spool() as folder:
         assert folder is None
 
 
 def test_a_memory_spool_left_by_a_killed_run_is_removed_by_the_next(tmp_path, monkeypatch):
     """A run killed mid-parse leaves its spool folder in memory (held until reboot): the next run removes the
     folders whose process is gone, and leaves a live process's alone."""
-    parse_pool = importlib.import_module("flightrec.ingest.pool")
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL", str(tmp_path))
-    monkeypatch.setattr(parse_pool, "MEMORY_SPOOL_MIN_FREE", 0)
+    pool = importlib.import_module("flightrec.ingest.pool")
+    monkeypatch.setattr(pool, "MEMORY_SPOOL", str(tmp_path))
+    monkeypatch.setattr(pool, "MEMORY_SPOOL_MIN_FREE", 0)
     import subprocess
     import sys
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -549,7 +549,7 @@ def test_a_memory_spool_left_by_a_killed_run_is_removed_by_the_next(tmp_path, mo
     for folder in (orphan, live, other):
         folder.mkdir()
         (folder / "chunk0.arrow").write_bytes(b"x")
-    with parse_pool._memory_spool() as folder:
+    with pool._memory_spool() as folder:
         assert Path(folder).name.startswith(f"flightrec-spool-{os.getpid()}-")
     assert not orphan.exists() and live.exists() and other.exists()
 

@@ -74,7 +74,7 @@ def offenders(history: History, since: str | None = None, min_incidents: int = 2
                 pl.col("kind").unique().sort().alias("kinds"),
                 pl.col("action").unique().sort().alias("actions"),
                 pl.col("at").min().alias("first_seen"), pl.col("at").max().alias("last_seen"),
-                pl.col("job").unique(maintain_order=True).alias("jobs"))
+                pl.col("job").sort_by("at", "job").unique(maintain_order=True).alias("jobs"))   # (oldest first)
            .with_columns((pl.col("incidents") >= min_incidents).alias("repeat")))
     recommend = [_recommendation(what, actions, n) if repeat else ""
                  for what, actions, n, repeat in per.select("what", "actions", "incidents", "repeat").iter_rows()]

@@ -271,4 +271,7 @@ def _explained(exc: sqlite3.DatabaseError, path: Path, timeout: float = 5.0) -> 
     if "not a database" in text or "malformed" in text or "corrupt" in text:
         return HistoryError(f"{path}: not a readable incident log ({text}); move it aside (flightrec starts a new "
                             "one) or pass --db another file. Nothing was written")
+    if "unable to open" in text or "readonly" in text or "read-only" in text:
+        return HistoryError(f"{path}: can't open or write the incident log there ({text}); pass --db a file in a "
+                            "folder you can write. Nothing was written")
     return HistoryError(f"{path}: {text}; nothing was written")

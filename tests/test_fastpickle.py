@@ -175,18 +175,18 @@ def _counted(fn, calls: list):
 def test_input_past_the_tables_int32_range_is_left_to_the_unpickler(monkeypatch):
     """Object ids and edge indexes are int32: a batch of more bytes than that holds (here made small) is
     declined whole, and the workers' way then reads its files with the unpickler, the same."""
-    from flightrec.ingest import pool as parse_pool
+    from flightrec.ingest import pool
 
     good = PICKLES[0].read_bytes()
     items = [(str(PICKLES[0]), 0), (str(PICKLES[0]), 1)]
-    by_tape = merge_parts(parse_pool._parse_with_tape(items))
+    by_tape = merge_parts(pool._parse_with_tape(items))
     monkeypatch.setattr(walker, "_MAX_BYTES", 2 * len(good) - 1)
     joined, roots = walker.read_laid_out(good + good, np.array([len(good)] * 2, np.int64))
     assert joined is None and roots.tolist() == [-1, -1]
     assert walker.read(good) is not None
     assert to_arrow.flatten_pickles([good, good], [0, 1]) == (None, [])
-    monkeypatch.setattr(parse_pool, "_parse_one", _counted(parse_pool._parse_one, calls := []))
-    by_unpickler = merge_parts(parse_pool._parse_with_tape(items))
+    monkeypatch.setattr(pool, "_parse_one", _counted(pool._parse_one, calls := []))
+    by_unpickler = merge_parts(pool._parse_with_tape(items))
     _same(by_tape, by_unpickler)
     assert len(calls) == 2   # (both files read by the unpickler, and said so)
     assert {m["reader"] for m in by_tape["metas"]} == {"fast"}

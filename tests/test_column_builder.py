@@ -1,4 +1,4 @@
-"""Gathering the workers' entry tables into one chunk per column (flightrec/one_chunk.py)."""
+"""Gathering the workers' entry tables into one chunk per column (flightrec/column_builder.py)."""
 
 from __future__ import annotations
 
@@ -102,12 +102,12 @@ def test_codes_widen_to_four_bytes_past_65536_texts():
 def test_columns_grow_by_copying_where_maps_cannot_be_resized(monkeypatch):
     """Where the system has no mremap (macOS: Python's resize raises SystemError), a column grows into a new
     map with the old one copied in, and reads the same."""
-    from flightrec.ingest import column_builder as one_chunk
+    from flightrec.ingest import column_builder
 
     def no_mremap(old, size):
-        return one_chunk._copied(old, size)
+        return column_builder._copied(old, size)
 
-    monkeypatch.setattr(one_chunk, "_grown", no_mremap)
+    monkeypatch.setattr(column_builder, "_grown", no_mremap)
     rows = [(i, i, float(i), i, i % 2 == 0, ["send", "recv", None][i % 3]) for i in range(5000)]
     gathered = OneChunkTable(SCHEMA, capacity_rows=1)
     tables = [_table(rows[:700]), _table(rows[700:3000]), _table(rows[3000:])]   # (grown with rows in: 8 KB+)
