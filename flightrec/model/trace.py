@@ -48,11 +48,10 @@ class LoadOptions:
         use_cache: read and write the cache (see `flightrec.store.cache`).
         cache_dir: where the cache lives; default `$FLIGHTREC_CACHE_DIR` or `~/.cache/flightrec`.
         progress: called as progress(done_files, total_files) while parsing.
-        reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow (always
-            available). "tape": the compiled opcode reader (`flightrec.ingest.fastpickle.walker`; needs numba, `pip install
-            flightrec[fast]`), same columns, 1.2-2.2x faster cold, ~0.45 s to start (in each worker, at once).
-            "auto" (default): the tape when numba is installed and the pickles add up to
-            `flightrec.ingest.pool.TAPE_MIN_BYTES`, else the unpickler.
+        reader: how pickles are parsed. "unpickler": the plain-data-only unpickler, then Arrow. "tape": the
+            fast reader (`flightrec.ingest.fastpickle`, compiled by numba), the same columns, 1.2-2.2x faster
+            cold, ~0.5 s to start in each worker (at once). "auto" (default): the fast reader where the pickles
+            add up to `flightrec.ingest.pool.TAPE_MIN_BYTES`, else the unpickler.
     """
 
     prefix: str | None = None
