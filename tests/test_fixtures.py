@@ -107,6 +107,30 @@ def test_golden_reports_are_current():
     assert golden.main(["--check"]) == 0
 
 
+# Each golden without an expected answer, and the test that checks its verdict on its own (a golden alone would
+# only say the report did not change, not that it is right)
+CHECKED_WITHOUT_EXPECTED = {
+    "healthy_json": "test_json_fixtures_match_their_pickle_twins",
+    "skip_collective_json": "test_json_fixtures_match_their_pickle_twins",
+    "writer_sharing": "test_the_writer_sharing_pair_is_a_healthy_snapshot",
+}
+
+
+def test_every_golden_is_paired_with_an_independent_check():
+    without = [c for c in golden.cases() if not (FIXTURES / c / "expected.json").exists()]
+    assert sorted(without) == sorted(CHECKED_WITHOUT_EXPECTED), without
+    for test in set(CHECKED_WITHOUT_EXPECTED.values()):
+        assert test in globals(), test
+
+
+def test_the_writer_sharing_pair_is_a_healthy_snapshot():
+    """Two healthy ranks dumped while a collective was in flight on both (what the writer shares, recorded):
+    nothing wrong, and nothing says whether the job hung."""
+    report = _analyze("writer_sharing")
+    assert report.verdict == "healthy" and not report.root_causes
+    assert [f.kind for f in report.findings] == ["in_flight_at_dump"]
+
+
 def test_gloo_sends_and_receives_are_not_collectives_a_rank_is_missing():
     """Gloo records no entry for a send or receive, yet counts it in pg_status's enqueued counter: in
     straggler_pipeline the default group reads 122 enqueued against its 42 recorded collectives (80 sends and
