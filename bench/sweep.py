@@ -115,7 +115,10 @@ def run(case: dict, workdir: str) -> dict:
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            report = analyze(out, use_cache=False, trigger=case.get("trigger", "auto"), **options)
+            if case.get("window"):
+                report = _windowed(out, case["window"], trigger=case.get("trigger", "auto"), **options)
+            else:
+                report = analyze(out, use_cache=False, trigger=case.get("trigger", "auto"), **options)
         if case["hosts"] == "none" and case["fault"]["kind"] == "straggler_host":   # (scored by its ranks)
             truth = dict(truth, ranks=[r for r in range(job.world_size) if job.host_of(r) in truth["hosts"]])
         result, why = score(case["fault"]["kind"], truth, report, damaged, hosts_known=case["hosts"] != "none")
@@ -127,6 +130,24 @@ def run(case: dict, workdir: str) -> dict:
         return dict(case, result="ERROR", why=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc()[-2000:])
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def _windowed(out: Path, keep: int, **options):
+    """The distributed path in this process: the job's dumps converted into shards (one per host folder, or one
+    for a flat folder), each rank's newest `keep` entries read back (`flightrec.distributed`)."""
+    from flightrec.api import AnalyzeOptions
+    from flightrec.distributed.driver import analyze_shards, convert_hosts, host_jobs
+    from flightrec.distributed.tasks import ConvertJob
+
+    shards = out.parent / f"{out.name}_shards"
+    try:
+        has_hosts = any(p.is_dir() for p in out.iterdir())
+        jobs = host_jobs(str(out), str(shards)) if has_hosts else [ConvertJob(str(out), str(shards / "all"))]
+        converted = convert_hosts(jobs)
+        assert not converted.failed, converted.failed
+        return analyze_shards(str(shards), AnalyzeOptions(**options), keep=keep)
+    finally:
+        shutil.rmtree(shards, ignore_errors=True)
 
 
 def _comparable(job: synth.Job) -> bool:
@@ -291,9 +312,12 @@ def main(argv=None) -> None:
     ap.add_argument("--trigger", choices=["auto", "timeout", "on-demand"], default="auto",
                     help="what the analysis is told wrote the dumps (the generator's are the watchdog's, on a timeout: "
                          "'timeout' is what a runbook that knows the job hung passes)")
+    ap.add_argument("--window", type=int, metavar="N",
+                    help="analyse through the distributed path: each job's dumps converted into per-host shards and "
+                         "each rank's newest N entries read back (`flightrec analyze SHARDS --window N`)")
     args = ap.parse_args(argv)
     cases = [draw(args.seed, i) | ({"hosts": "none"} if args.no_hosts else {}) | {"trigger": args.trigger}
-             for i in range(args.jobs)]
+             | ({"window": args.window} if args.window else {}) for i in range(args.jobs)]
     if args.only_active:
         cases = [case | {"job": case["job"] | {"only_active": True}} for case in cases]
     if args.healthy:

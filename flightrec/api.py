@@ -124,7 +124,7 @@ def diagnose_matched(trace: Trace, m: Matching, topo: Topology,
     return Diagnosis(w, loc, timing, verdict, summary, findings, timing_findings)
 
 
-def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
+def dump_summary(trace: Trace, topo: Topology, window: dict | None = None) -> DumpSummary:
     """What was read: loaded, refused (not a dump, or damaged past reading) and unreadable (there, and this user or
     the disk could not read it: a file, or a folder that could not be listed)."""
     loaded = trace.dumps.filter(pl.col("loaded"))
@@ -154,6 +154,7 @@ def dump_summary(trace: Trace, topo: Topology) -> DumpSummary:
         folder=Path(trace.root).name,
         last_entry_at=_utc(newest),
         last_entry_ns=newest if newest is not None and newest > 0 else None,
+        window=window,
     )
 
 
@@ -200,6 +201,14 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
     with paused_gc():   # (few objects with cycles are made; a full collection would scan them all, per file)
         stage("loading dumps")
         trace = load(path, options.load)
+    return analyze_trace(trace, options)
+
+
+def analyze_trace(trace: Trace, options: AnalyzeOptions, window: dict | None = None) -> Report:
+    """Everything `analyze` does once the dumps are loaded: also what `flightrec.distributed` runs on the
+    entries its workers hand back (`window`: how much of each rank's history they kept, said in the report)."""
+    stage = options.stage or (lambda _msg: None)
+    with paused_gc():
         topo = resolve(world_size=trace.world_size, from_dumps=trace.hosts, hosts_file=options.hosts_file,
                        ranks_per_host=options.ranks_per_host, topology_file=options.topology_file)
         stage("matching collectives")
@@ -216,10 +225,10 @@ def analyze(path: str | os.PathLike, options: AnalyzeOptions | None = None, **kw
         base, said, _caveats = summary.partition(NOTHING_WRONG)
         summary = f"{base}{said}; warning: {headline(timing_findings[0])}"
 
-    dumps = dump_summary(trace, topo)
+    dumps = dump_summary(trace, topo, window)
     if dumps.refused:
         warnings.warn(f"{len(dumps.refused)} file(s) refused as no dump; see the report's 'dumps.refused'",
-                      DumpProblemWarning, stacklevel=2)
+                      DumpProblemWarning, stacklevel=3)
     scope = None
     if options.pg is not None:
         scope = {"pg": options.pg, "groups": int(m.progress["group"].n_unique()), "of_groups": trace.groups.height}

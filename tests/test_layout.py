@@ -31,7 +31,8 @@ MAY_IMPORT = {
     "api": {"ingest", "store", "analysis", "diagnosis", "report"},
     "history": {"flightrec", "api", "ingest", "report"},   # (its version; a backfill lists and analyses; pyplot)
     "plots": {"report", "history"},          # (the notebook module kept at its old name)
-    "cli": {"flightrec", "ingest", "store", "analysis", "diagnosis", "report", "api", "history"},
+    "distributed": {"api", "ingest", "store", "report"},   # (tasks convert and read; the driver runs `analyze`'s engine)
+    "cli": {"flightrec", "ingest", "store", "analysis", "diagnosis", "report", "api", "history", "distributed"},
 }
 LEAVES = {"errors", "model"}
 

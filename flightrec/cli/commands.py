@@ -11,12 +11,14 @@ import json
 import os
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from flightrec import __version__
+from flightrec.cli.cluster_options import cluster_options, connect
 from flightrec.errors import DumpProblemWarning, FlightrecError
 
 if TYPE_CHECKING:
@@ -79,7 +81,7 @@ def _keep_reader(ctx: click.Context, _param, value: str) -> None:
 def load_options(fn):
     """Options shared by every command that reads dumps."""
     decorators = [
-        click.argument("dump_dir", type=click.Path(path_type=Path)),
+        click.argument("dump_dir", type=click.Path(path_type=str)),   # (str: a URL keeps its "//")
         click.option("--prefix", help="File-name prefix before the rank (default: any name ending in a number)."),
         click.option("--world-size", type=click.IntRange(min=1),
                      help="Ranks in the job, when the dumps don't say (Gloo dumps don't)."),
@@ -132,7 +134,7 @@ db_option = click.option("--db", type=click.Path(path_type=Path, dir_okay=False)
                               "$XDG_DATA_HOME/flightrec (~/.local/share/flightrec).")
 
 
-def _load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
+def load_opts(prefix, world_size, no_cache, workers, progress) -> LoadOptions:
     from flightrec import api
 
     reader = click.get_current_context().meta.get("flightrec.reader", "auto")
@@ -144,7 +146,7 @@ def _trace(dump_dir, prefix, world_size, no_cache, workers):
     """The dumps under `dump_dir` as frames, for the table commands."""
     from flightrec import api
 
-    return api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, None))
+    return api.load(dump_dir, load_opts(prefix, world_size, no_cache, workers, None))
 
 
 def _check_writable(output: Path | None) -> None:
@@ -218,9 +220,13 @@ def main():
               "everywhere are a hang), 'on-demand' (a snapshot of a running job), 'auto' (read from their times).")
 @click.option("--record", is_flag=True, help="Also add the report to the incident log (`flightrec history`).")
 @db_option
+@click.option("--window", type=click.IntRange(min=1), metavar="N",
+              help="Shards only (DUMP_DIR may then be a URL): analyse each rank's newest N entries, read by one task "
+                   "per shard, as if the recorder kept N (default 200 with --scheduler or --local-workers).")
+@cluster_options
 @guard
 def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
-                ranks_per_host, pg, trigger, record, db):
+                ranks_per_host, pg, trigger, record, db, window, **cluster):
     """Name the root cause of a hang or crash: rank(s), host(s) or link.
 
     \b
@@ -235,9 +241,13 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
     # (each dump's problems are findings in the report: said there, not on stderr too)
     warnings.simplefilter("ignore", DumpProblemWarning)
     with progress_bar(quiet) as progress:
-        report = api.analyze(dump_dir, api.AnalyzeOptions(
-            load=_load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
-            topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger))
+        options = api.AnalyzeOptions(
+            load=load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
+            topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger)
+        if window is None and not any(cluster.values()):
+            report = api.analyze(dump_dir, options)
+        else:
+            report = _analyze_shards(dump_dir, options, window, cluster, quiet)
     if fmt == "json":
         text = json.dumps(report.to_dict(), indent=2) + "\n"
     elif fmt == "markdown":
@@ -252,6 +262,14 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
     if record:
         _record(report.to_dict(), dump_dir, db, quiet)
     sys.exit(report.exit_code)
+
+
+def _analyze_shards(root: str, options, window: int | None, cluster: dict, quiet: bool):
+    from flightrec.distributed.driver import DEFAULT_KEEP, analyze_shards
+
+    stage = None if quiet else (lambda msg: click.echo(f"{msg} ...", err=True))
+    with connect(**cluster) as runner:
+        return analyze_shards(root, replace(options, stage=stage), keep=window or DEFAULT_KEEP, runner=runner)
 
 
 def _record(report: dict, dump_dir, db, quiet: bool) -> None:
@@ -282,7 +300,7 @@ def load_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt):
     from flightrec import api
 
     with progress_bar(quiet) as progress:
-        trace = api.load(dump_dir, _load_opts(prefix, world_size, no_cache, workers, progress))
+        trace = api.load(dump_dir, load_opts(prefix, world_size, no_cache, workers, progress))
     if fmt == "json":
         from flightrec.report.tables import as_json
         click.echo(as_json(trace.summary_dict()), nl=False)
@@ -435,7 +453,7 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
     from flightrec import api
     from flightrec.report.lateness import lateness_dict, lateness_table
 
-    report = api.analyze(dump_dir, api.AnalyzeOptions(load=_load_opts(prefix, world_size, no_cache, workers, None),
+    report = api.analyze(dump_dir, api.AnalyzeOptions(load=load_opts(prefix, world_size, no_cache, workers, None),
                                               hosts_file=hosts_file, ranks_per_host=ranks_per_host))
     # (a rank late once, past the timeout, is a root cause `analyze` names, not a straggler: a median hides it)
     late_joins = [f for f in report.root_causes if f.kind == "straggler"]
@@ -448,39 +466,6 @@ def timing(dump_dir, prefix, world_size, no_cache, workers, quiet, hosts_file, r
         click.echo("These dumps hold only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): nothing finished is "
                    "left to time, so lateness is read from the collectives in flight alone.\n")
     click.echo(lateness_table(report.timing, top=top, late_joins=late_joins))
-
-
-@main.command()
-@load_options
-@click.argument("out", type=click.Path(path_type=Path, file_okay=False))
-@click.option("--shard-only", is_flag=True,
-              help="Only the parsed tables (a shard for `analyze`), not the matching frames: for one host's dumps.")
-@click.option("--host", help="Host name to record for these dumps when their names don't say (e.g. $(hostname)).")
-@guard
-def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_only, host):
-    """Export dumps as Parquet into OUT: the parsed tables (a shard `analyze` reads without any pickle) and,
-    unless --shard-only, every analysis frame (groups, collectives, progress, p2p...) for other tools.
-
-    \b
-    Examples:
-      flightrec convert dumps/ dumps_parquet/
-      flightrec convert /tmp/fr shards/$(hostname) --shard-only --host $(hostname)   # on each host
-      flightrec analyze shards/                                                   # anywhere
-    """
-    from flightrec import api
-    from flightrec.ingest.load import load_raw
-    from flightrec.report import tables as views
-    from flightrec.store.cache import TABLES
-    from flightrec.store.shards import check_replaceable, write_shard
-
-    check_replaceable(out)   # (before the parse, which can take minutes)
-    opts = _load_opts(prefix, world_size, no_cache, workers, None)
-    write_shard(load_raw(dump_dir, opts), out, source=str(dump_dir), host=host)
-    click.echo(f"wrote the shard to {out}: {', '.join(TABLES)}")
-    if not shard_only:
-        trace = api.load(out, opts)
-        frames = [p.stem for p in views.export_parquet(trace, api.run_match(trace), out / "frames")]
-        click.echo(f"wrote {len(frames)} Parquet tables to {out / 'frames'}: {', '.join(frames)}")
 
 
 if __name__ == "__main__":

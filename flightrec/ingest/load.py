@@ -18,6 +18,7 @@ from flightrec.ingest import pool as parse_pool
 from flightrec.ingest.assemble import assemble
 from flightrec.ingest.discover import discover, discover_all
 from flightrec.ingest.raw_frames import assemble_raw
+from flightrec.model.schema import UNLISTED
 from flightrec.model.trace import DumpFile, LoadOptions, Trace
 from flightrec.model.wording import listed
 from flightrec.store import cache as _cache
@@ -45,7 +46,8 @@ def load(path: str | os.PathLike, options: LoadOptions | None = None) -> Trace:
     root = str(path)
     shards = find_shards(path)
     if shards:
-        raw = read_shards(shards)  # converted next to the job: Parquet only, no pickle to parse
+        raw, failed = read_shards(shards)  # converted next to the job: Parquet only, no pickle to parse
+        raw["unlisted"] = pl.DataFrame(failed, schema=UNLISTED, orient="row")
         _warn_unconverted(path, shards, options.prefix)
     else:
         with parse_pool.paused_gc():

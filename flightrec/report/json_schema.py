@@ -70,6 +70,12 @@ def _dumps() -> dict[str, Any]:
             "last_entry_ns": {"description": "The same in nanoseconds since the epoch: the same dumps, wherever "
                                              "they are copied, give the same value (the incident log's key).",
                               "type": ["integer", "null"]},
+            "window": {"description": "Only from a distributed analysis (`flightrec analyze --distributed`): each "
+                                      "rank's newest `entries_per_rank` entries were analysed, as if the recorder "
+                                      "kept that many; `entries_left_out` older ones were not; read from `shards`.",
+                       "type": "object", "required": ["entries_per_rank", "entries_left_out", "shards"],
+                       "properties": {k: {"type": "integer", "minimum": 0}
+                                      for k in ("entries_per_rank", "entries_left_out", "shards")}},
         },
     }
 

@@ -96,6 +96,9 @@ class DumpSummary:
     folder: str = ""
     last_entry_at: str | None = None
     last_entry_ns: int | None = None   # the same, to the nanosecond: one incident's dumps wherever they are copied
+    # Only from `flightrec.distributed`: each rank's newest `entries_per_rank` entries were analysed, as if the
+    # recorder's buffer held that many (`entries_left_out` older ones were not), read from `shards` shards
+    window: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,7 @@ class Report:
                 "folder": self.dumps.folder,
                 "last_entry_at": self.dumps.last_entry_at,
                 "last_entry_ns": self.dumps.last_entry_ns,
+                **({"window": self.dumps.window} if self.dumps.window else {}),
             },
             **({"scope": self.scope} if self.scope else {}),
         }
@@ -235,6 +239,10 @@ class Report:
         if d.only_active:
             text += ("; written with only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): how far each rank got "
                      "is read from its pg_status, and no finished collective is left to compare shapes or times with")
+        if d.window:
+            text += (f"; the newest {d.window['entries_per_rank']:,} entries of each rank analysed, as if the recorder "
+                     f"kept that many ({d.window['entries_left_out']:,} older ones left out), from "
+                     f"{d.window['shards']:,} shards")
         if self.scope:
             sc = self.scope
             text += (f"; scope: --pg {sc['pg']}, {sc['groups']} of {sc['of_groups']} groups (ranks can be waiting in "

@@ -252,7 +252,7 @@ def manifest_kind(folder: Path) -> str | None:
         return None
     if not isinstance(meta, dict):
         return None
-    return "shard" if meta.get("kind") == "shard" else "cache" if "fingerprint" in meta else None
+    return "shard" if meta.get("kind") in ("shard", "failed", "empty") else "cache" if "fingerprint" in meta else None
 
 
 

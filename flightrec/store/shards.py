@@ -8,12 +8,13 @@ their tables. See docs/scale.md.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import polars as pl
 
-from flightrec.errors import FlightrecError
+from flightrec.errors import FlightrecError, NoDumpsError
 from flightrec.store import cache
 
 
@@ -49,13 +50,76 @@ def check_replaceable(out: Path) -> None:
                              "there. Give a new or empty folder")
 
 
-def read_shards(shards: list[Path]) -> dict[str, pl.DataFrame]:
-    parts = []
+def write_failed(out: str | os.PathLike, reason: str, *, source: str, host: str | None) -> Path:
+    """Mark `out` as the shard of dumps that could not be converted, with why: the analysis then names it among
+    the unreadable (its ranks missing, a verdict resting on them inconclusive) instead of never knowing."""
+    return _write_marker(Path(out), {"kind": "failed", "source": source, "host": host, "reason": reason})
+
+
+def write_empty(out: str | os.PathLike, *, source: str, host: str | None) -> Path:
+    """Mark `out` as the shard of a host whose dump folder holds no file at all: as beside other hosts' folders
+    on one machine (`discover.Found.empty_hosts`), that host is read as gone, its ranks missing."""
+    return _write_marker(Path(out), {"kind": "empty", "source": source, "host": host})
+
+
+def _write_marker(out: Path, manifest: dict) -> Path:
+    check_replaceable(out)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / cache.MANIFEST).write_text(json.dumps({**manifest, "format": cache.CACHE_FORMAT_VERSION}))
+    if out.exists():
+        cache.remove(out)
+    tmp.rename(out)
+    return out
+
+
+def read_shard(folder: Path) -> dict[str, pl.DataFrame] | str:
+    """One shard's tables, or the host's name for a host that left no dump (`write_empty`). Raises
+    FlightrecError when it was written by another flightrec version or marks a failed conversion, and what Polars
+    or the system raise for a damaged or unreadable file."""
+    meta = cache.read_manifest(folder)
+    if meta is None:
+        raise FlightrecError(f"{folder}: written by another flightrec version; convert the dumps again")
+    if meta.get("kind") == "failed":
+        raise FlightrecError(f"its conversion failed ({meta.get('reason') or 'no reason recorded'}); convert "
+                             f"{meta.get('source') or 'those dumps'} again")
+    if meta.get("kind") == "empty":
+        return str(meta.get("host") or folder.name)
+    return cache.read_tables(folder)
+
+
+# What reading a shard raises when the shard, not flightrec, is at fault: named in the report, the rest analysed.
+SHARD_PROBLEMS = (FlightrecError, OSError, pl.exceptions.ComputeError, pl.exceptions.SchemaError,
+                  pl.exceptions.ColumnNotFoundError)
+
+
+def read_shards(shards: list[Path]) -> tuple[dict[str, pl.DataFrame], list[tuple[str, str]]]:
+    """Every readable shard's tables as one job's, and (folder, why) for each that could not be read."""
+    parts, failed = [], []
     for folder in shards:
-        if cache.read_manifest(folder) is None:
-            raise FlightrecError(f"{folder}: written by another flightrec version; convert the dumps again")
-        parts.append(cache.read_tables(folder))
+        try:
+            parts.append(read_shard(folder))
+        except SHARD_PROBLEMS as exc:
+            failed.append((str(folder), shard_problem(folder, exc)))
+    if not any(isinstance(p, dict) for p in parts):
+        raise NoDumpsError(f"none of the {len(shards)} shard(s) holds a readable dump: "
+                           + "; ".join(f"{os.path.basename(f)}: {why}" for f, why in failed[:3]))
+    return merge_shards(parts), failed
+
+
+def shard_problem(folder: str | os.PathLike, exc: BaseException) -> str:
+    """Why a shard could not be read, in a line without its own path (the report names the path)."""
+    text = str(exc).replace(f"{folder}: ", "").replace(str(folder), "the shard")
+    return text if isinstance(exc, FlightrecError) else f"{type(exc).__name__}: {text}"
+
+
+def merge_shards(parts: list[dict[str, pl.DataFrame] | str]) -> dict[str, pl.DataFrame]:
+    """Several shards' tables (and names of hosts that left no dump) as one job's: each rank in one shard only,
+    stacks and rank lists once, `raw["empty_hosts"]` the hosts gone."""
+    empty_hosts = sorted(p for p in parts if isinstance(p, str))
+    parts = [p for p in parts if isinstance(p, dict)]
     raw = {name: pl.concat([p[name] for p in parts], how="vertical_relaxed") for name in cache.TABLES}
+    raw["empty_hosts"] = empty_hosts
     dumps = raw["dumps"].sort("rank")
     dup = dumps.filter(pl.col("rank").is_duplicated())
     if dup.height:

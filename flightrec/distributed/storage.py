@@ -1,0 +1,96 @@
+"""Dumps and shards where they are: a local or shared path, or object storage (`s3://`, `gs://`, ... through
+fsspec, whose s3fs and gcsfs packages the user installs for their store). The readers need files on a local
+disk (the fast reader reads a batch of files into one buffer), so a worker copies one host's dumps, or one
+shard, into a scratch folder of its own, works there, and removes it: a worker's disk holds one host at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from flightrec.errors import FlightrecError
+
+
+def is_remote(location: str | os.PathLike) -> bool:
+    """A URL with a protocol other than the local file system's."""
+    text = str(location)
+    return "://" in text and not text.startswith("file://")
+
+
+def _fs(location: str):
+    try:
+        import fsspec
+    except ImportError as exc:   # (the `distributed` extra brings it)
+        raise FlightrecError(f"{location}: reading URLs needs fsspec: pip install 'flightrec[distributed]'") from exc
+    try:
+        return fsspec.core.url_to_fs(location)
+    except (ImportError, ValueError) as exc:   # (e.g. s3:// without s3fs installed)
+        raise FlightrecError(f"{location}: {exc}") from exc
+
+
+def join(location: str, name: str) -> str:
+    return f"{location.rstrip('/')}/{name}" if is_remote(location) else os.path.join(location, name)
+
+
+def subfolders(location: str) -> list[str]:
+    """The folders directly under `location` (one per host, as `flightrec convert --cluster` expects), sorted."""
+    if not is_remote(location):
+        root = Path(location.removeprefix("file://"))
+        if not root.is_dir():
+            raise FlightrecError(f"{location} is not a folder")
+        return sorted(str(p) for p in root.iterdir() if p.is_dir())
+    fs, path = _fs(location)
+    protocol = location.split("://", 1)[0]
+    found = [e["name"] for e in fs.ls(path, detail=True) if e["type"] == "directory"]
+    return sorted(_url(protocol, name) for name in found)
+
+
+def folders_holding(location: str, filename: str) -> list[str]:
+    """Every folder at any depth under the URL `location` holding a file named `filename`, as URLs, sorted."""
+    fs, path = _fs(location)
+    protocol = location.split("://", 1)[0]
+    found = sorted(os.path.dirname(p) for p in fs.glob(f"{path.rstrip('/')}/**/{filename}"))
+    return [_url(protocol, p) for p in found]
+
+
+def _url(protocol: str, path: str) -> str:
+    # (fsspec's memory file system keeps its leading slash; buckets don't have one)
+    return f"memory://{path}" if protocol == "memory" else f"{protocol}://{path.lstrip('/')}"
+
+
+@contextmanager
+def local_copy(location: str, scratch: str | None = None):
+    """`location` as a local folder: itself if it is one, else a copy in a scratch folder removed afterwards."""
+    if not is_remote(location):
+        yield location.removeprefix("file://")
+        return
+    fs, path = _fs(location)
+    folder = tempfile.mkdtemp(prefix="flightrec-fetch-", dir=scratch)
+    try:
+        fs.get(path.rstrip("/") + "/", folder + "/", recursive=True)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def local_target(location: str, scratch: str | None = None):
+    """A local folder to write into that ends up at `location`: itself if local, else a scratch folder uploaded
+    whole when the block completes (nothing is uploaded if it raises)."""
+    if not is_remote(location):
+        yield location.removeprefix("file://")
+        return
+    fs, path = _fs(location)
+    folder = tempfile.mkdtemp(prefix="flightrec-put-", dir=scratch)
+    try:
+        out = os.path.join(folder, "shard")
+        yield out
+        if fs.exists(path):
+            fs.rm(path, recursive=True)
+        fs.put(out.rstrip("/") + "/", path.rstrip("/") + "/", recursive=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,223 @@
+"""Past one machine (`flightrec.distributed`): conversion a task per host, an analysis that reads each rank's
+newest entries a task per shard, in this process or on a Dask cluster, and every failure named in the report."""
+
+import os
+import time
+import warnings
+from pathlib import Path
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+from flightrec import analyze
+from flightrec.cli import main
+from flightrec.distributed.driver import analyze_shards, convert_hosts, host_jobs, shard_locations
+from flightrec.distributed.runner import InProcess, OnDask
+from flightrec.distributed.tasks import ConvertJob
+from flightrec.distributed.window import newest_entries
+from flightrec.ingest.load import load_raw
+from flightrec.model.trace import LoadOptions
+from flightrec.testing import synth
+
+from .conftest import FIXTURES
+
+REAL = sorted({p.parent for p in FIXTURES.rglob("expected.json")})
+
+
+def _quietly(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+def _said(report) -> tuple:
+    """What an on-call acts on: the verdict, the culprits, and each finding's kind, ranks and action."""
+    return report.verdict, report.culprits, [(f.kind, sorted(f.ranks), f.action) for f in report.findings]
+
+
+def _one_shard(dumps: Path, out: Path) -> str:
+    done = convert_hosts([ConvertJob(str(dumps), str(out / "all"))])
+    assert not done.failed, done.failed
+    return str(out)
+
+
+@pytest.mark.parametrize("case", REAL, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_every_real_fixture_reads_the_same_through_a_shard_and_each_ranks_newest_ten_entries(case, tmp_path):
+    whole = _quietly(analyze, case, use_cache=False)
+    shards = _one_shard(case, tmp_path / "shards")
+    for keep in (10, 1_000_000):
+        windowed = _quietly(analyze_shards, shards, keep=keep)
+        assert _said(windowed) == _said(whole), (keep, windowed.summary, whole.summary)
+        assert windowed.dumps.window["entries_per_rank"] == keep
+    assert windowed.dumps.window["entries_left_out"] == 0
+
+
+@pytest.fixture(scope="module")
+def hang(tmp_path_factory):
+    """A 3D-parallel NCCL job (timing on) whose buffers hold ~200 entries, one rank never joining a tp
+    all_gather, dumped in one folder per host as the watchdog writes them."""
+    out = tmp_path_factory.mktemp("hang") / "dumps"
+    job = synth.Job(tp=2, pp=2, dp=4, steps=12, ranks_per_host=4, buffer_size=2000,
+                    fault=synth.Fault(kind="not_joined", rank=5, phase="tp"))
+    truth = synth.generate(job, out, per_host_folders=True)
+    return out, truth
+
+
+def test_a_window_is_each_ranks_newest_entries_by_record_id_with_their_stacks(hang):
+    raw = _quietly(load_raw, hang[0], LoadOptions(use_cache=False))
+    w = newest_entries(raw, keep=30)
+    per_rank = raw["entries"].group_by("rank").agg(pl.col("record_id").sort().tail(30)).sort("rank")
+    kept = w.tables["entries"].group_by("rank").agg(pl.col("record_id").sort()).sort("rank")
+    assert per_rank["rank"].len() == 16 and kept.equals(per_rank)
+    assert w.entries_left_out == raw["entries"].height - 16 * 30 > 0
+    assert (w.tables["dumps"]["entry_count"] == 30).all()
+    assert set(w.tables["stacks"]["stack_id"]) == set(w.tables["entries"]["stack_id"].drop_nulls())
+    assert w.tables["pg_status"].equals(raw["pg_status"])
+
+
+def test_a_dump_of_only_unfinished_entries_is_kept_whole():
+    """NVIDIA's real dumps (TORCH_INCLUDE_ONLY_ACTIVE): what was in flight is the evidence, cut nowhere."""
+    raw = _quietly(load_raw, FIXTURES / "nvrx" / "lock_gil_2nd", LoadOptions(use_cache=False))
+    assert raw["entries"].group_by("rank").len()["len"].max() > 4
+    assert newest_entries(raw, keep=4).entries_left_out == 0
+
+
+def test_a_hang_reads_the_same_from_per_host_shards_as_from_the_dumps(hang, tmp_path):
+    dumps, truth = hang
+    whole = _quietly(analyze, dumps, use_cache=False)
+    assert whole.culprits["ranks"] == truth["ranks"]
+    done = convert_hosts(host_jobs(str(dumps), str(tmp_path / "shards")))
+    assert [o.item.host for o in done.outcomes] == [f"node0000{k}" for k in range(4)] and not done.failed
+    windowed = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50)
+    assert windowed.dumps.window["entries_left_out"] > 0
+    assert _said(windowed) == _said(whole)
+    assert "the newest 50 entries of each rank analysed" in windowed.to_text()
+
+
+def test_dumps_and_shards_in_object_storage_through_fsspec(hang, tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    store = fsspec.filesystem("memory")
+    store.put(str(hang[0]) + "/", "/bucket/job/", recursive=True)
+    try:
+        done = convert_hosts(host_jobs("memory://bucket/job", "memory://bucket/shards"))
+        assert not done.failed, done.failed
+        assert len(shard_locations("memory://bucket/shards")) == 4
+        windowed = _quietly(analyze_shards, "memory://bucket/shards", keep=50)
+        assert _said(windowed) == _said(_quietly(analyze, hang[0], use_cache=False))
+    finally:
+        store.rm("/bucket", recursive=True)
+
+
+def _copy_hosts(src: Path, dst: Path) -> Path:
+    for host in sorted(src.iterdir()):
+        (dst / host.name).mkdir(parents=True)
+        for f in host.iterdir():
+            (dst / host.name / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_a_host_folder_left_empty_reads_as_that_host_gone_as_on_one_machine(hang, tmp_path):
+    dumps = _copy_hosts(hang[0], tmp_path / "dumps")
+    for f in (dumps / "node00002").iterdir():
+        f.unlink()
+    whole = _quietly(analyze, dumps, use_cache=False)
+    convert_hosts(host_jobs(str(dumps), str(tmp_path / "shards")))
+    windowed = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50)
+    assert windowed.dumps.empty_host_folders == whole.dumps.empty_host_folders == ["node00002"]
+    assert _said(windowed) == _said(whole)
+
+
+def test_a_host_that_fails_to_convert_is_named_and_nothing_is_blamed_on_its_missing_ranks(hang, tmp_path):
+    dumps = _copy_hosts(hang[0], tmp_path / "dumps")
+    for f in (dumps / "node00003").iterdir():
+        f.unlink()
+    (dumps / "node00003" / "core.txt").write_text("files there, none a dump")
+    done = convert_hosts(host_jobs(str(dumps), str(tmp_path / "shards")))
+    assert [o.item.host for o in done.failed] == ["node00003"]
+    report = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50)
+    [unreadable] = report.dumps.unreadable
+    assert unreadable["path"].endswith("node00003") and "its conversion failed" in unreadable["reason"]
+    assert report.dumps.missing_ranks == [12, 13, 14, 15]
+    # rank 5's hang is still there to see, and said to be seen without them; they are not called a host down
+    assert report.culprits["ranks"] == hang[1]["ranks"] == [5], report.summary
+    [warning] = [f for f in report.findings if f.kind == "unreadable"]
+    assert warning.evidence["unreadable_ranks"] == [12, 13, 14, 15] and "analysed without them" in warning.message
+    assert not {"missing_dump", "host_down"} & {f.kind for f in report.findings}
+
+
+def test_a_damaged_shard_is_named_and_the_rest_analysed(hang, tmp_path):
+    convert_hosts(host_jobs(str(hang[0]), str(tmp_path / "shards")))
+    entries = tmp_path / "shards" / "node00000" / "entries.parquet"
+    entries.write_bytes(entries.read_bytes()[: entries.stat().st_size // 2])
+    report = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50)
+    [unreadable] = report.dumps.unreadable
+    assert unreadable["path"].endswith("node00000") and unreadable["reason"].startswith("ComputeError: parquet")
+    assert report.dumps.loaded == 12 and report.dumps.missing_ranks == [0, 1, 2, 3]
+    assert [f.evidence["unreadable_ranks"] for f in report.findings if f.kind == "unreadable"] == [[0, 1, 2, 3]]
+    assert report.culprits["ranks"] == [5], report.summary
+    # the one-machine path names it too
+    assert _quietly(analyze, tmp_path / "shards").dumps.unreadable[0]["path"].endswith("node00000")
+
+
+def test_a_bug_in_a_task_is_raised_not_reported_as_a_bad_shard():
+    def buggy(_item):
+        raise TypeError("a flightrec bug")
+    with pytest.raises(TypeError):
+        InProcess().map(buggy, [1])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    import dask
+
+    # (a task that kills its worker is retried on another once, then named: quick, and still a retry)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 1}), \
+            distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="2GiB",
+                                     dashboard_address=None) as local, distributed.Client(local) as client:
+        yield client
+
+
+def test_on_a_dask_cluster_the_tasks_run_on_its_workers_with_the_same_verdict(hang, tmp_path, cluster):
+    runner = OnDask(cluster)
+    done = convert_hosts(host_jobs(str(hang[0]), str(tmp_path / "shards")), runner)
+    assert not done.failed and {o.value["pid"] for o in done.outcomes}.isdisjoint({os.getpid()})
+    windowed = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50, runner=runner)
+    assert _said(windowed) == _said(_quietly(analyze, hang[0], use_cache=False))
+
+
+def test_a_worker_that_dies_is_named_and_the_other_tasks_answer(cluster):
+    outcomes = OnDask(cluster).map(lambda x: os._exit(3) if x == "dies" else x * 2, ["dies", 21])
+    assert outcomes[1].value == 42 and outcomes[1].failure is None
+    assert outcomes[0].value is None and outcomes[0].failure.startswith("the worker running it died")
+
+
+def test_a_task_that_never_answers_is_named_after_the_deadline(cluster):
+    start = time.perf_counter()
+    outcomes = OnDask(cluster, timeout_s=2).map(lambda s: time.sleep(s) or s, [0, 60])
+    assert time.perf_counter() - start < 30
+    assert outcomes[0].value == 0
+    assert outcomes[1].failure == "no answer from the cluster within 2 s (storage or a worker hung)"
+
+
+def test_the_command_line_converts_and_analyses_on_a_local_cluster(hang, tmp_path):
+    runner = CliRunner()
+    shards = tmp_path / "shards"
+    converted = runner.invoke(main, ["convert-hosts", str(hang[0]), str(shards), "--local-workers", "2", "-q"])
+    assert converted.exit_code == 0, converted.output
+    assert "converted 4 of 4 hosts" in converted.output
+    whole = runner.invoke(main, ["analyze", str(hang[0]), "--no-cache", "-f", "json", "-q"])
+    windowed = runner.invoke(main, ["analyze", str(shards), "--local-workers", "2", "--worker-memory", "2GiB",
+                                    "--window", "50", "-f", "json", "-q"])
+    assert windowed.exit_code == whole.exit_code == 1, windowed.output
+    assert '"entries_per_rank": 50' in windowed.output
+
+
+def test_convert_hosts_exits_2_naming_each_host_it_could_not_convert(hang, tmp_path):
+    dumps = _copy_hosts(hang[0], tmp_path / "dumps")
+    for f in (dumps / "node00001").iterdir():
+        f.rename(f.with_name("notes.txt"))
+    result = CliRunner().invoke(main, ["convert-hosts", str(dumps), str(tmp_path / "shards"), "-q"])
+    assert result.exit_code == 2
+    assert "node00001: not converted:" in result.output and "converted 3 of 4 hosts" in result.output
