@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from flightrec import analyze
 from flightrec.cli import main
-from flightrec.distributed.driver import analyze_shards, convert_hosts, host_jobs, shard_locations
+from flightrec.distributed.driver import analyze_shards, convert_hosts, host_jobs, shard_locations, worker_jobs
 from flightrec.distributed.runner import InProcess, OnDask
 from flightrec.distributed.tasks import ConvertJob
 from flightrec.distributed.window import newest_entries
@@ -185,6 +185,18 @@ def test_on_a_dask_cluster_the_tasks_run_on_its_workers_with_the_same_verdict(ha
     assert not done.failed and {o.value["pid"] for o in done.outcomes}.isdisjoint({os.getpid()})
     windowed = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50, runner=runner)
     assert _said(windowed) == _said(_quietly(analyze, hang[0], use_cache=False))
+
+
+def test_on_each_worker_each_host_is_converted_by_the_worker_on_it(hang, tmp_path, cluster):
+    """On a cluster, one worker per host converts the dumps at one path on its own disk; here both workers share
+    this machine's disk, so both convert the same folder, each pinned to its worker and named after it."""
+    jobs = worker_jobs(cluster, str(hang[0] / "node00000"), str(tmp_path / "shards"))
+    pids = cluster.run(os.getpid)
+    assert [j.host for j in jobs] == ["0", "1"] and {j.worker for j in jobs} == set(pids)
+    done = convert_hosts(jobs, OnDask(cluster))
+    assert not done.failed
+    assert [o.value["pid"] for o in done.outcomes] == [pids[j.worker] for j in jobs]
+    assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["0", "1"]
 
 
 def test_a_worker_that_dies_is_named_and_the_other_tasks_answer(cluster):

@@ -75,9 +75,13 @@ def worker_jobs(client, dumps_on_host: str, out: str, prefix: str | None = None)
     workers = client.scheduler_info(n_workers=-1)["workers"]
     if not workers:
         raise FlightrecError("the Dask cluster has no worker: start one per host (docs/scale.md)")
-    return [ConvertJob(source=dumps_on_host, out=storage.join(out, str(info.get("name") or info["host"])),
-                       host=str(info.get("name") or info["host"]), prefix=prefix, worker=address)
-            for address, info in sorted(workers.items())]
+    names = {address: str(info["host"] if info.get("name") in (None, "") else info["name"])
+             for address, info in workers.items()}
+    if len(set(names.values())) < len(names):
+        raise FlightrecError(f"several Dask workers share a name ({', '.join(sorted(names.values()))}): with "
+                             "--on-each-worker, start one worker per host, named after it (--name $(hostname))")
+    return [ConvertJob(source=dumps_on_host, out=storage.join(out, name), host=name, prefix=prefix, worker=address)
+            for address, name in sorted(names.items(), key=lambda x: x[1])]
 
 
 def shard_locations(root: str) -> list[str]:

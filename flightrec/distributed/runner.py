@@ -61,14 +61,15 @@ class InProcess:
 
 
 class OnDask:
-    """Runs each task on a Dask cluster (`distributed.Client`). A worker that dies mid-task (killed for its
+    """Runs each task on a Dask cluster (`distributed.Client`); an item with a `worker` address runs on that
+    worker only. A worker that dies mid-task (killed for its
     memory, or crashed) has its task retried on another `allowed_failures` times by the scheduler, then the task
     fails as `KilledWorker`; `timeout_s` bounds how long the driver waits for all the answers (storage that
     hangs): a task not done by then is named as such. Results are taken as they complete and released on the cluster at once, so the driver holds each
     worker's answer, never a queue of them there as well."""
 
-    def __init__(self, client, timeout_s: float | None = None, where: Callable[[Any], dict] | None = None):
-        self.client, self.timeout_s, self.where = client, timeout_s, where
+    def __init__(self, client, timeout_s: float | None = None):
+        self.client, self.timeout_s = client, timeout_s
 
     @property
     def workers(self) -> int:
@@ -81,7 +82,9 @@ class OnDask:
         items = list(items)
         futures = {}
         for k, item in enumerate(items):
-            placement = self.where(item) if self.where else {}
+            # (an item naming a worker runs there only: its input is on that worker's own disk)
+            pinned = getattr(item, "worker", None)
+            placement = {"workers": [pinned], "allow_other_workers": False} if pinned else {}
             futures[self.client.submit(fn, item, key=f"{fn.__name__}-{k}-{id(items)}", pure=False, **placement)] = k
         out: list[Outcome | None] = [None] * len(items)
         pending = as_completed(futures, timeout=self.timeout_s)
