@@ -82,7 +82,7 @@ def scale(args) -> None:
     runs = [_distributed(shards, args.workers, args.worker_memory, args.window) for _ in range(args.repeat)]
     r = sorted(runs, key=lambda x: x["s"])[len(runs) // 2]
     n = sum(s["entries"] for s in stats["slices"])
-    print(f"| ranks x entries | entries in the shards | shards | workers x memory cap | window | analyze | per rank "
+    print("| ranks x entries | entries in the shards | shards | workers x memory cap | window | analyze | per rank "
           "| driver peak RSS | worker peak RSS | whole tree peak | culprit right |")
     print("|" + "---|" * 11)
     print(f"| {ranks:,} x {entries:,} | {n:,} | {len(stats['slices'])} | {args.workers} x {args.worker_memory} | "
