@@ -1,6 +1,7 @@
 """Past one machine (`flightrec.distributed`): conversion a task per host, an analysis that reads each rank's
 newest entries a task per shard, in this process or on a Dask cluster, and every failure named in the report."""
 
+import json
 import os
 import time
 import warnings
@@ -233,3 +234,50 @@ def test_convert_hosts_exits_2_naming_each_host_it_could_not_convert(hang, tmp_p
     result = CliRunner().invoke(main, ["convert-hosts", str(dumps), str(tmp_path / "shards"), "-q"])
     assert result.exit_code == 2
     assert "node00001: not converted:" in result.output and "converted 3 of 4 hosts" in result.output
+
+
+def test_the_documented_launch_a_scheduler_and_a_worker_per_host(hang, tmp_path):
+    """docs/scale.md's commands, with `dask scheduler` and one `dask worker --name HOST` per host as separate
+    processes: each worker converts its own host's dumps, then the shards are analysed on the same cluster."""
+    pytest.importorskip("distributed")
+    import shutil
+    import subprocess
+    import sys
+
+    dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
+    scheduler_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen([*dask, "--scheduler-file", str(scheduler_file), "--port", "0",
+                               "--dashboard-address", ":0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for _ in range(100):
+            if scheduler_file.exists():
+                break
+            time.sleep(0.1)
+        hosts = sorted(p.name for p in hang[0].iterdir() if p.is_dir())
+        procs += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
+                                    str(scheduler_file), "--name", host, "--nthreads", "1", "--memory-limit", "1GiB",
+                                    "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                  for host in hosts]
+        runner = CliRunner()
+        shards = tmp_path / "shards"
+        for _ in range(3):   # (the workers take a few seconds to join: until then fewer hosts are converted)
+            time.sleep(2)
+            shutil.rmtree(shards, ignore_errors=True)
+            converted = runner.invoke(main, ["convert-hosts", str(hang[0] / "{host}"), str(shards), "--on-each-worker",
+                                             "--scheduler", str(scheduler_file), "-q"])
+            if f"converted {len(hosts)} of {len(hosts)} hosts" in converted.output:
+                break
+        assert converted.exit_code == 0 and f"converted {len(hosts)} of {len(hosts)}" in converted.output, converted.output
+        assert sorted(p.name for p in shards.iterdir()) == hosts
+        result = runner.invoke(main, ["analyze", str(shards), "--window", "50", "--scheduler", str(scheduler_file),
+                                      "-f", "json", "-q"])
+        assert result.exit_code == 1, result.output
+        report = json.loads(result.output)
+        whole = _quietly(analyze, hang[0], use_cache=False)
+        assert report["culprits"]["ranks"] == whole.culprits["ranks"] == [5]
+        assert [f["kind"] for f in report["findings"]] == [f.kind for f in whole.findings]
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)

@@ -49,9 +49,10 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
 @click.argument("source")
 @click.argument("out")
 @click.option("--on-each-worker", is_flag=True,
-              help="SOURCE is where every worker finds its own host's dumps on its local disk (e.g. /tmp/fr): one "
-                   "task per worker, pinned to it, each shard named after the worker (start one per host with "
-                   "`dask worker --name $(hostname)`). Without it, SOURCE holds one folder of dumps per host.")
+              help="SOURCE is where every worker finds its own host's dumps on its local disk (e.g. /tmp/fr; {host} "
+                   "stands for the worker's name): one task per worker, pinned to it, each shard named after the "
+                   "worker (start one per host with `dask worker --name $(hostname)`). Without it, SOURCE holds one "
+                   "folder of dumps per host.")
 @click.option("--prefix", help="File-name prefix before the rank (default: any name ending in a number).")
 @cluster_options
 @click.option("-q", "--quiet", is_flag=True, help="Only the failures, on stderr.")

@@ -71,7 +71,8 @@ def host_jobs(source: str, out: str, prefix: str | None = None) -> list[ConvertJ
 
 def worker_jobs(client, dumps_on_host: str, out: str, prefix: str | None = None) -> list[ConvertJob]:
     """One job per Dask worker, converting the dumps at `dumps_on_host` on that worker's own disk (a worker per
-    host, started with `--name $(hostname)`), its shard at `out`/<worker name>."""
+    host, started with `--name $(hostname)`), its shard at `out`/<worker name>. `{host}` in `dumps_on_host`
+    stands for the worker's name (dumps kept per host on shared storage: /shared/fr/{host})."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     if not workers:
         raise FlightrecError("the Dask cluster has no worker: start one per host (docs/scale.md)")
@@ -80,7 +81,8 @@ def worker_jobs(client, dumps_on_host: str, out: str, prefix: str | None = None)
     if len(set(names.values())) < len(names):
         raise FlightrecError(f"several Dask workers share a name ({', '.join(sorted(names.values()))}): with "
                              "--on-each-worker, start one worker per host, named after it (--name $(hostname))")
-    return [ConvertJob(source=dumps_on_host, out=storage.join(out, name), host=name, prefix=prefix, worker=address)
+    return [ConvertJob(source=dumps_on_host.replace("{host}", name), out=storage.join(out, name), host=name,
+                       prefix=prefix, worker=address)
             for address, name in sorted(names.items(), key=lambda x: x[1])]
 
 
