@@ -106,6 +106,10 @@ def test_dumps_and_shards_in_object_storage_through_fsspec(hang, tmp_path):
         assert len(shard_locations("memory://bucket/shards")) == 4
         windowed = _quietly(analyze_shards, "memory://bucket/shards", keep=50)
         assert _said(windowed) == _said(_quietly(analyze, hang[0], use_cache=False))
+        # the command line reads a URL as shards, each rank's newest 200 entries by default
+        result = CliRunner().invoke(main, ["analyze", "memory://bucket/shards", "-f", "json", "-q"])
+        assert result.exit_code == 1, result.output
+        assert json.loads(result.output)["dumps"]["window"]["entries_per_rank"] == 200
     finally:
         store.rm("/bucket", recursive=True)
 

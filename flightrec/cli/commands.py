@@ -222,7 +222,7 @@ def main():
 @db_option
 @click.option("--window", type=click.IntRange(min=1), metavar="N",
               help="Shards only (DUMP_DIR may then be a URL): analyse each rank's newest N entries, read by one task "
-                   "per shard, as if the recorder kept N (default 200 with --scheduler or --local-workers).")
+                   "per shard, as if the recorder kept N (default 200 with --scheduler, --local-workers or a URL).")
 @cluster_options
 @guard
 def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, output, hosts_file, topology_file,
@@ -244,7 +244,7 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
         options = api.AnalyzeOptions(
             load=load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
             topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger)
-        if window is None and not any(cluster.values()):
+        if window is None and not any(cluster.values()) and "://" not in dump_dir:
             report = api.analyze(dump_dir, options)
         else:
             report = _analyze_shards(dump_dir, options, window, cluster, quiet)
