@@ -63,34 +63,37 @@ def _url(protocol: str, path: str) -> str:
 
 
 @contextmanager
-def local_copy(location: str, scratch: str | None = None):
-    """`location` as a local folder: itself if it is one, else a copy in a scratch folder removed afterwards."""
-    if not is_remote(location):
-        yield location.removeprefix("file://")
-        return
+def _scratch(location: str, prefix: str):
+    """(file system, path, a new local folder removed afterwards) for the URL `location`."""
     fs, path = _fs(location)
-    folder = tempfile.mkdtemp(prefix="flightrec-fetch-", dir=scratch)
+    folder = tempfile.mkdtemp(prefix=prefix)   # (under $TMPDIR: a worker's local disk)
     try:
-        fs.get(path.rstrip("/") + "/", folder + "/", recursive=True)
-        yield folder
+        yield fs, path.rstrip("/") + "/", folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 @contextmanager
-def local_target(location: str, scratch: str | None = None):
+def local_copy(location: str):
+    """`location` as a local folder: itself if it is one, else a copy in a scratch folder removed afterwards."""
+    if not is_remote(location):
+        yield location.removeprefix("file://")
+        return
+    with _scratch(location, "flightrec-fetch-") as (fs, path, folder):
+        fs.get(path, folder + "/", recursive=True)
+        yield folder
+
+
+@contextmanager
+def local_target(location: str):
     """A local folder to write into that ends up at `location`: itself if local, else a scratch folder uploaded
     whole when the block completes (nothing is uploaded if it raises)."""
     if not is_remote(location):
         yield location.removeprefix("file://")
         return
-    fs, path = _fs(location)
-    folder = tempfile.mkdtemp(prefix="flightrec-put-", dir=scratch)
-    try:
+    with _scratch(location, "flightrec-put-") as (fs, path, folder):
         out = os.path.join(folder, "shard")
         yield out
         if fs.exists(path):
             fs.rm(path, recursive=True)
-        fs.put(out.rstrip("/") + "/", path.rstrip("/") + "/", recursive=True)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        fs.put(out + "/", path, recursive=True)
