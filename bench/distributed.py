@@ -31,7 +31,8 @@ DRIVER = """
 import json, resource, time, warnings
 warnings.simplefilter("ignore")
 from distributed import Client, LocalCluster
-from flightrec.distributed.driver import analyze_shards, convert_hosts, host_jobs
+from flightrec.distributed.conversion import convert_hosts, host_jobs
+from flightrec.distributed.driver import analyze_shards
 from flightrec.distributed.runner import OnDask
 
 def peak():
@@ -87,7 +88,8 @@ def scale(args) -> None:
     print("|" + "---|" * 11)
     print(f"| {ranks:,} x {entries:,} | {n:,} | {len(stats['slices'])} | {args.workers} x {args.worker_memory} | "
           f"{args.window} | {r['s']:.1f} s | {r['s'] / ranks * 1e3:.3f} ms | {gib(r['driver_peak'])} | "
-          f"{gib(max(r['worker_peaks']))} | {gib(r['peak_rss'])} | {'yes' if r['culprits'] == truth['ranks'] else 'NO'} |")
+          f"{gib(max(r['worker_peaks']))} | {gib(r['peak_rss'])} | "
+          f"{'yes' if r['culprits'] == truth['ranks'] else 'NO'} |")
     print(f"(runs {[round(x['s'], 1) for x in runs]}; {r['loaded']:,} ranks loaded, {r['unreadable']} shards "
           f"unreadable, {r['left_out']:,} older entries left out; conversion, a slice at a time: "
           f"{sum(s['s'] for s in stats['slices']):.0f} s in all; verdict: {r['summary'][:160]})")

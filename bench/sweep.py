@@ -136,7 +136,8 @@ def _windowed(out: Path, keep: int, **options):
     """The distributed path in this process: the job's dumps converted into shards (one per host folder, or one
     for a flat folder), each rank's newest `keep` entries read back (`flightrec.distributed`)."""
     from flightrec.api import AnalyzeOptions
-    from flightrec.distributed.driver import analyze_shards, convert_hosts, host_jobs
+    from flightrec.distributed.conversion import convert_hosts, host_jobs
+    from flightrec.distributed.driver import analyze_shards
     from flightrec.distributed.tasks import ConvertJob
 
     shards = out.parent / f"{out.name}_shards"
@@ -144,7 +145,8 @@ def _windowed(out: Path, keep: int, **options):
         has_hosts = any(p.is_dir() for p in out.iterdir())
         jobs = host_jobs(str(out), str(shards)) if has_hosts else [ConvertJob(str(out), str(shards / "all"))]
         converted = convert_hosts(jobs)
-        assert not converted.failed, converted.failed
+        if converted.failed:
+            raise RuntimeError(f"conversion failed: {converted.failed[0].failure}")
         return analyze_shards(str(shards), AnalyzeOptions(**options), keep=keep)
     finally:
         shutil.rmtree(shards, ignore_errors=True)

@@ -3,9 +3,13 @@ newest entries a task per shard, in this process or on a Dask cluster, and every
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
 import pytest
@@ -13,10 +17,12 @@ from click.testing import CliRunner
 
 from flightrec import analyze
 from flightrec.cli import main
-from flightrec.distributed.driver import analyze_shards, convert_hosts, host_jobs, shard_locations, worker_jobs
+from flightrec.distributed.conversion import convert_hosts, host_jobs, worker_jobs
+from flightrec.distributed.driver import analyze_shards, shard_locations
 from flightrec.distributed.runner import InProcess, OnDask
 from flightrec.distributed.tasks import ConvertJob
 from flightrec.distributed.window import newest_entries
+from flightrec.errors import FlightrecError
 from flightrec.ingest.load import load_raw
 from flightrec.model.trace import LoadOptions
 from flightrec.testing import synth
@@ -80,8 +86,27 @@ def test_a_window_is_each_ranks_newest_entries_by_record_id_with_their_stacks(ha
 def test_a_dump_of_only_unfinished_entries_is_kept_whole():
     """NVIDIA's real dumps (TORCH_INCLUDE_ONLY_ACTIVE): what was in flight is the evidence, cut nowhere."""
     raw = _quietly(load_raw, FIXTURES / "nvrx" / "lock_gil_2nd", LoadOptions(use_cache=False))
-    assert raw["entries"].group_by("rank").len()["len"].max() > 4
-    assert newest_entries(raw, keep=4).entries_left_out == 0
+    longer = raw["entries"].group_by("rank").len().filter(pl.col("len") > 10).height
+    w = newest_entries(raw, keep=10)
+    assert longer >= 4 and w.entries_left_out == 0 and w.ranks_kept_whole == longer
+
+
+def test_gloo_dumps_are_kept_whole_and_the_report_says_so(tmp_path):
+    """Gloo marks no entry completed: nothing tells finished history from what was in flight."""
+    case = FIXTURES / "straggler_pipeline"
+    report = _quietly(analyze_shards, _one_shard(case, tmp_path / "shards"), keep=10)
+    assert report.dumps.window["entries_left_out"] == 0
+    assert report.dumps.window["ranks_kept_whole"] == report.dumps.loaded > 0
+    assert "ranks' dumps kept whole: their unfinished entries only, or Gloo's" in report.to_text()
+
+
+def test_a_window_keeps_an_entry_with_no_record_id_and_refuses_fewer_than_ten(hang):
+    raw = _quietly(load_raw, hang[0], LoadOptions(use_cache=False))
+    raw["entries"] = raw["entries"].with_columns(
+        pl.when(pl.int_range(pl.len()) == 0).then(None).otherwise(pl.col("record_id")).alias("record_id"))
+    assert newest_entries(raw, keep=10).tables["entries"]["record_id"].null_count() == 1
+    with pytest.raises(FlightrecError, match="at least 10"):
+        newest_entries(raw, keep=9)
 
 
 def test_a_hang_reads_the_same_from_per_host_shards_as_from_the_dumps(hang, tmp_path):
@@ -133,6 +158,18 @@ def test_a_host_folder_left_empty_reads_as_that_host_gone_as_on_one_machine(hang
     assert _said(windowed) == _said(whole)
 
 
+def test_a_folder_that_is_no_host_is_no_host_gone_and_a_missing_one_is_no_host_gone_either(hang, tmp_path):
+    dumps = _copy_hosts(hang[0], tmp_path / "dumps")
+    (dumps / "logs").mkdir()   # (empty, and not named like the hosts: no host, as on one machine)
+    jobs = host_jobs(str(dumps), str(tmp_path / "shards"))
+    assert [j.host for j in jobs] == [f"node0000{k}" for k in range(4)]
+    typo = ConvertJob(str(dumps / "node0003-typo"), str(tmp_path / "shards" / "node0003-typo"))
+    [outcome] = convert_hosts([typo]).outcomes
+    assert outcome.failure.endswith("node0003-typo: no such folder")
+    with pytest.raises(FlightrecError, match="inside"):
+        host_jobs(str(dumps), str(dumps / "shards"))
+
+
 def test_a_host_that_fails_to_convert_is_named_and_nothing_is_blamed_on_its_missing_ranks(hang, tmp_path):
     dumps = _copy_hosts(hang[0], tmp_path / "dumps")
     for f in (dumps / "node00003").iterdir():
@@ -151,16 +188,18 @@ def test_a_host_that_fails_to_convert_is_named_and_nothing_is_blamed_on_its_miss
     assert not {"missing_dump", "host_down"} & {f.kind for f in report.findings}
 
 
-def test_a_damaged_shard_is_named_and_the_rest_analysed(hang, tmp_path):
+def test_a_damaged_shard_is_named_with_its_own_ranks_and_the_rest_analysed(hang, tmp_path):
     convert_hosts(host_jobs(str(hang[0]), str(tmp_path / "shards")))
+    shutil.rmtree(tmp_path / "shards" / "node00002")   # (a host whose shard never came: ranks 8-11 just missing)
     entries = tmp_path / "shards" / "node00000" / "entries.parquet"
     entries.write_bytes(entries.read_bytes()[: entries.stat().st_size // 2])
     report = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50)
     [unreadable] = report.dumps.unreadable
-    assert unreadable["path"].endswith("node00000") and unreadable["reason"].startswith("ComputeError: parquet")
-    assert report.dumps.loaded == 12 and report.dumps.missing_ranks == [0, 1, 2, 3]
+    assert unreadable["path"].endswith("node00000")
+    assert unreadable["reason"].startswith("damaged (ComputeError: parquet")
+    assert report.dumps.loaded == 8 and report.dumps.missing_ranks == [0, 1, 2, 3, 8, 9, 10, 11]
+    assert report.trace.unreadable_ranks == [0, 1, 2, 3]
     assert [f.evidence["unreadable_ranks"] for f in report.findings if f.kind == "unreadable"] == [[0, 1, 2, 3]]
-    assert report.culprits["ranks"] == [5], report.summary
     # the one-machine path names it too
     assert _quietly(analyze, tmp_path / "shards").dumps.unreadable[0]["path"].endswith("node00000")
 
@@ -170,6 +209,21 @@ def test_a_bug_in_a_task_is_raised_not_reported_as_a_bad_shard():
         raise TypeError("a flightrec bug")
     with pytest.raises(TypeError):
         InProcess().map(buggy, [1])
+    with pytest.raises(pl.exceptions.ColumnNotFoundError):   # (Polars' own errors too: only a shard's are caught)
+        InProcess().map(lambda _: pl.DataFrame({"a": [1]}).select("b"), [1])
+
+
+def test_a_shard_is_never_written_over_dumps_in_object_storage(hang):
+    fsspec = pytest.importorskip("fsspec")
+    store = fsspec.filesystem("memory")
+    store.put(str(hang[0]) + "/", "/dumps-here/", recursive=True)
+    try:
+        before = sorted(store.find("/dumps-here"))
+        done = convert_hosts(host_jobs("memory://dumps-here", "memory://dumps-here"))
+        assert all("no flightrec shard" in o.failure for o in done.outcomes)
+        assert sorted(store.find("/dumps-here")) == before
+    finally:
+        store.rm("/dumps-here", recursive=True)
 
 
 @pytest.fixture(scope="module")
@@ -196,11 +250,12 @@ def test_on_each_worker_each_host_is_converted_by_the_worker_on_it(hang, tmp_pat
     """On a cluster, one worker per host converts the dumps at one path on its own disk; here both workers share
     this machine's disk, so both convert the same folder, each pinned to its worker and named after it."""
     jobs = worker_jobs(cluster, str(hang[0] / "node00000"), str(tmp_path / "shards"))
-    pids = cluster.run(os.getpid)
-    assert [j.host for j in jobs] == ["0", "1"] and {j.worker for j in jobs} == set(pids)
+    pid_of = {info["name"]: cluster.run(os.getpid, workers=[address])[address]
+              for address, info in cluster.scheduler_info(n_workers=-1)["workers"].items()}
+    assert [j.host for j in jobs] == ["0", "1"] and [j.worker for j in jobs] == [0, 1]
     done = convert_hosts(jobs, OnDask(cluster))
     assert not done.failed
-    assert [o.value["pid"] for o in done.outcomes] == [pids[j.worker] for j in jobs]
+    assert [o.value["pid"] for o in done.outcomes] == [pid_of[j.worker] for j in jobs]
     assert sorted(p.name for p in (tmp_path / "shards").iterdir()) == ["0", "1"]
 
 
@@ -208,14 +263,27 @@ def test_a_worker_that_dies_is_named_and_the_other_tasks_answer(cluster):
     outcomes = OnDask(cluster).map(lambda x: os._exit(3) if x == "dies" else x * 2, ["dies", 21])
     assert outcomes[1].value == 42 and outcomes[1].failure is None
     assert outcomes[0].value is None and outcomes[0].failure.startswith("the worker running it died")
+    cluster.wait_for_workers(2, timeout=60)   # (the nannies restart the killed workers)
+
+
+def test_a_task_pinned_to_a_worker_that_dies_is_named_not_waited_on_for_ever(cluster):
+    """The task can run on no other worker, and the scheduler would hold it for ever (its worker, restarted by
+    the nanny, has a new address): it is named at once."""
+    start = time.perf_counter()
+    [outcome] = OnDask(cluster, timeout_s=120).map(lambda item: os._exit(3), [SimpleNamespace(worker=0)])
+    assert time.perf_counter() - start < 60
+    assert outcome.failure.startswith("the worker on that host left the cluster"), outcome.failure
+    cluster.wait_for_workers(2, timeout=60)
 
 
 def test_a_task_that_never_answers_is_named_after_the_deadline(cluster):
     start = time.perf_counter()
-    outcomes = OnDask(cluster, timeout_s=2).map(lambda s: time.sleep(s) or s, [0, 60])
+    told = []
+    outcomes = OnDask(cluster, timeout_s=2).map(lambda s: time.sleep(s) or s, [0, 60], on_done=told.append)
     assert time.perf_counter() - start < 30
     assert outcomes[0].value == 0
     assert outcomes[1].failure == "no answer from the cluster within 2 s (storage or a worker hung)"
+    assert told == outcomes   # (so a conversion that never answered is marked in its shard too)
 
 
 def test_the_command_line_converts_and_analyses_on_a_local_cluster(hang, tmp_path):
@@ -231,6 +299,21 @@ def test_the_command_line_converts_and_analyses_on_a_local_cluster(hang, tmp_pat
     assert '"entries_per_rank": 50' in windowed.output
 
 
+def test_cluster_options_that_cannot_work_are_refused_with_what_to_do(hang, tmp_path):
+    runner = CliRunner()
+    cases = [
+        (["analyze", str(hang[0]), "--deadline", "5"], "are for a cluster"),
+        (["analyze", str(hang[0]), "--window", "5"], "5 is not in the range x>=10"),
+        (["analyze", str(tmp_path), "--scheduler", str(tmp_path / "nope.json")], "no such scheduler file"),
+        (["analyze", str(tmp_path), "--scheduler", "nonsense"], "could not reach the Dask scheduler"),
+        (["analyze", str(tmp_path), "--local-workers", "1", "--worker-memory", "lots"], "is no size"),
+        (["convert-hosts", str(hang[0]), str(tmp_path / "o"), "--on-each-worker"], "needs the cluster"),
+    ]
+    for argv, said in cases:
+        result = runner.invoke(main, argv)
+        assert result.exit_code == 2 and said in result.output, (argv, result.output)
+
+
 def test_convert_hosts_exits_2_naming_each_host_it_could_not_convert(hang, tmp_path):
     dumps = _copy_hosts(hang[0], tmp_path / "dumps")
     for f in (dumps / "node00001").iterdir():
@@ -244,9 +327,6 @@ def test_the_documented_launch_a_scheduler_and_a_worker_per_host(hang, tmp_path)
     """docs/scale.md's commands, with `dask scheduler` and one `dask worker --name HOST` per host as separate
     processes: each worker converts its own host's dumps, then the shards are analysed on the same cluster."""
     pytest.importorskip("distributed")
-    import shutil
-    import subprocess
-    import sys
 
     dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
     scheduler_file = tmp_path / "scheduler.json"
@@ -264,14 +344,10 @@ def test_the_documented_launch_a_scheduler_and_a_worker_per_host(hang, tmp_path)
                   for host in hosts]
         runner = CliRunner()
         shards = tmp_path / "shards"
-        for _ in range(3):   # (the workers take a few seconds to join: until then fewer hosts are converted)
-            time.sleep(2)
-            shutil.rmtree(shards, ignore_errors=True)
-            converted = runner.invoke(main, ["convert-hosts", str(hang[0] / "{host}"), str(shards), "--on-each-worker",
-                                             "--scheduler", str(scheduler_file), "-q"])
-            if f"converted {len(hosts)} of {len(hosts)} hosts" in converted.output:
-                break
-        assert converted.exit_code == 0 and f"converted {len(hosts)} of {len(hosts)}" in converted.output, converted.output
+        converted = runner.invoke(main, ["convert-hosts", str(hang[0] / "{host}"), str(shards), "--on-each-worker",
+                                         "--expect-hosts", str(len(hosts)), "--scheduler", str(scheduler_file), "-q"])
+        assert converted.exit_code == 0, converted.output
+        assert f"converted {len(hosts)} of {len(hosts)}" in converted.output
         assert sorted(p.name for p in shards.iterdir()) == hosts
         result = runner.invoke(main, ["analyze", str(shards), "--window", "50", "--scheduler", str(scheduler_file),
                                       "-f", "json", "-q"])

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from flightrec import __version__
-from flightrec.cli.cluster_options import cluster_options, connect
+from flightrec.cli.cluster_options import cluster_options, runner_from_options
 from flightrec.errors import DumpProblemWarning, FlightrecError
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ def main():
               "everywhere are a hang), 'on-demand' (a snapshot of a running job), 'auto' (read from their times).")
 @click.option("--record", is_flag=True, help="Also add the report to the incident log (`flightrec history`).")
 @db_option
-@click.option("--window", type=click.IntRange(min=1), metavar="N",
+@click.option("--window", type=click.IntRange(min=10), metavar="N",
               help="Shards only (DUMP_DIR may then be a URL): analyse each rank's newest N entries, read by one task "
                    "per shard, as if the recorder kept N (default 200 with --scheduler, --local-workers or a URL).")
 @cluster_options
@@ -244,7 +244,11 @@ def analyze_cmd(dump_dir, prefix, world_size, no_cache, workers, quiet, fmt, out
         options = api.AnalyzeOptions(
             load=load_opts(prefix, world_size, no_cache, workers, progress), hosts_file=hosts_file,
             topology_file=topology_file, ranks_per_host=ranks_per_host, pg=pg, trigger=trigger)
-        if window is None and not any(cluster.values()) and "://" not in dump_dir:
+        on_shards = window is not None or cluster["scheduler"] or cluster["local_workers"] or "://" in dump_dir
+        if not on_shards:
+            if cluster["deadline"] or cluster["worker_memory"]:
+                raise click.UsageError("--deadline and --worker-memory are for a cluster: add --scheduler or "
+                                       "--local-workers (and shards: flightrec convert-hosts)")
             report = api.analyze(dump_dir, options)
         else:
             report = _analyze_shards(dump_dir, options, window, cluster, quiet)
@@ -268,7 +272,7 @@ def _analyze_shards(root: str, options, window: int | None, cluster: dict, quiet
     from flightrec.distributed.driver import DEFAULT_KEEP, analyze_shards
 
     stage = None if quiet else (lambda msg: click.echo(f"{msg} ...", err=True))
-    with connect(**cluster) as runner:
+    with runner_from_options(**cluster) as runner:
         return analyze_shards(root, replace(options, stage=stage), keep=window or DEFAULT_KEEP, runner=runner)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from flightrec.cli.cluster_options import cluster_options, connect
+from flightrec.cli.cluster_options import cluster_options, runner_from_options
 from flightrec.cli.commands import EXIT_USAGE, guard, load_options, load_opts, main
 
 
@@ -53,12 +53,15 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
                    "stands for the worker's name): one task per worker, pinned to it, each shard named after the "
                    "worker (start one per host with `dask worker --name $(hostname)`). Without it, SOURCE holds one "
                    "folder of dumps per host.")
+@click.option("--expect-hosts", type=click.IntRange(min=1), metavar="N",
+              help="With --on-each-worker: wait (up to a minute) for N workers, and refuse to go on with fewer.")
 @click.option("--prefix", help="File-name prefix before the rank (default: any name ending in a number).")
 @cluster_options
 @click.option("-q", "--quiet", is_flag=True, help="Only the failures, on stderr.")
 @guard
-def convert_hosts(source, out, on_each_worker, prefix, quiet, **cluster):
-    """Convert every host's dumps into its shard in OUT (a folder or URL), a task per host, in parallel.
+def convert_hosts(source, out, on_each_worker, expect_hosts, prefix, quiet, **cluster):
+    """Convert every host's dumps into its shard in OUT (a folder or URL), a task per host: on a cluster's
+    workers in parallel, or here one after another (one host's dumps at a time on one core).
 
     SOURCE and OUT may be URLs (s3://bucket/job1234, gs://..., through fsspec: install s3fs or gcsfs). A host
     whose conversion fails (no dump, unreadable, a worker that died, storage that timed out) gets a shard that
@@ -71,14 +74,17 @@ def convert_hosts(source, out, on_each_worker, prefix, quiet, **cluster):
       flightrec convert-hosts /tmp/fr /shared/shards/job1234 --on-each-worker --scheduler tcp://head:8786
       flightrec analyze /shared/shards/job1234 --window 200 --scheduler tcp://head:8786
     """
-    from flightrec.distributed.driver import convert_hosts as run
-    from flightrec.distributed.driver import host_jobs, worker_jobs
+    from flightrec.distributed.conversion import convert_hosts as run
+    from flightrec.distributed.conversion import host_jobs, worker_jobs
 
-    with connect(**cluster) as runner:
+    if on_each_worker and not cluster["scheduler"]:
+        raise click.UsageError("--on-each-worker needs the cluster whose workers run on the job's hosts: "
+                               "--scheduler ADDRESS")
+    if expect_hosts and not on_each_worker:
+        raise click.UsageError("--expect-hosts counts the workers of --on-each-worker")
+    with runner_from_options(**cluster) as runner:
         if on_each_worker:
-            if not hasattr(runner, "client"):
-                raise click.UsageError("--on-each-worker needs a cluster: --scheduler ADDRESS")
-            jobs = worker_jobs(runner.client, source, out, prefix)
+            jobs = worker_jobs(runner.client, source, out, prefix, expect=expect_hosts)
         else:
             jobs = host_jobs(source, out, prefix)
 

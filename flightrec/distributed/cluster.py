@@ -3,6 +3,7 @@ started for the call (`local_workers` processes of one thread, each capped at `w
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -39,16 +40,42 @@ def connect(scheduler: str | None = None, local_workers: int | None = None, work
         return
     distributed = _dask()
     if scheduler:
-        where = {"scheduler_file": scheduler} if scheduler.endswith(".json") else {"address": scheduler}
-        try:
-            client = distributed.Client(**where, timeout="30s")
-        except (OSError, TimeoutError) as exc:
-            raise FlightrecError(f"could not reach the Dask scheduler at {scheduler} ({exc}): is it running, and "
-                                 "is its port open from here?") from exc
-        with client:
+        with _client(distributed, scheduler) as client:
             yield OnDask(client, deadline_s)
         return
     with distributed.LocalCluster(n_workers=local_workers, threads_per_worker=1, processes=True,
-                                  memory_limit=worker_memory or "auto", dashboard_address=None) as local, \
-            distributed.Client(local) as client:
+                                  memory_limit=_bytes(worker_memory) if worker_memory else "auto",
+                                  dashboard_address=None) as local, distributed.Client(local) as client:
         yield OnDask(client, deadline_s)
+
+
+def _client(distributed, scheduler: str, wait_s: float = 60):
+    """A client of the scheduler at an address or in a scheduler file, once at least one worker has joined."""
+    if scheduler.endswith(".json"):
+        if not os.path.exists(scheduler):
+            raise FlightrecError(f"{scheduler}: no such scheduler file: start `dask scheduler --scheduler-file "
+                                 f"{scheduler}` first (docs/scale.md)")
+        where = {"scheduler_file": scheduler}
+    else:
+        where = {"address": scheduler}
+    try:
+        client = distributed.Client(**where, timeout="30s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise FlightrecError(f"could not reach the Dask scheduler at {scheduler} ({exc}): is it running, is its "
+                             "address right (tcp://host:8786), and is its port open from here?") from exc
+    try:
+        client.wait_for_workers(1, timeout=wait_s)
+    except TimeoutError as exc:
+        client.close()
+        raise FlightrecError(f"the Dask scheduler at {scheduler} has no worker after {wait_s:g} s: start them "
+                             "(docs/scale.md)") from exc
+    return client
+
+
+def _bytes(size: str) -> int:
+    from dask.utils import parse_bytes
+
+    try:
+        return parse_bytes(size)
+    except (ValueError, TypeError) as exc:
+        raise FlightrecError(f"--worker-memory: {size!r} is no size; give e.g. 4GiB or 8GB") from exc

@@ -2,32 +2,39 @@
 `Outcome` per task, a value or a failure said in a line, so the driver treats a dead worker, an unreadable shard
 and a storage that timed out alike: named in the report, the rest analysed.
 
-Only failures of the input or the machinery are caught (`TASK_PROBLEMS`, a worker that died, a deadline): any
-other exception is a bug in flightrec and is raised, never reported as a bad shard.
+Only failures of the input, the storage or the machinery are caught (`TASK_PROBLEMS`, a worker that died, the
+deadline): any other exception, a Polars error included, is a bug in flightrec and is raised.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import polars as pl
-
 from flightrec.errors import FlightrecError
-from flightrec.store.shards import SHARD_PROBLEMS
 
-# The input's or the storage's fault, whichever process it happens in (Dask re-raises a task's own exception).
-TASK_PROBLEMS = (*SHARD_PROBLEMS, TimeoutError, pl.exceptions.PolarsError)
+# The input's or the storage's fault, whichever process it happens in (Dask re-raises a task's own exception):
+# flightrec's errors about its input (a shard that can't be read, a folder with no dump) and the system's.
+TASK_PROBLEMS = (FlightrecError, OSError)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One task's result: `value`, or `failure` (why, in a line) when it has none."""
+    """One task's result: `value`, or `failure` (why, in a line) when it has none; `ranks`: the ranks its input
+    held, where the error knew them (a damaged shard's manifest lists them)."""
 
     item: Any
     value: Any = None
     failure: str | None = None
+    ranks: list[int] | None = None
+
+
+def failed(item: Any, exc: BaseException) -> Outcome:
+    text = str(exc) or type(exc).__name__
+    return Outcome(item, failure=text if isinstance(exc, FlightrecError) else f"{type(exc).__name__}: {text}",
+                   ranks=getattr(exc, "ranks", None))
 
 
 class Runner(Protocol):
@@ -35,11 +42,6 @@ class Runner(Protocol):
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], on_done: Callable[[Outcome], None] | None = None
             ) -> list[Outcome]: ...
-
-
-def _failure(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, FlightrecError) else f"{type(exc).__name__}: {text}"
 
 
 class InProcess:
@@ -53,7 +55,7 @@ class InProcess:
             try:
                 outcome = Outcome(item, value=fn(item))
             except TASK_PROBLEMS as exc:
-                outcome = Outcome(item, failure=_failure(exc))
+                outcome = failed(item, exc)
             if on_done:
                 on_done(outcome)
             out.append(outcome)
@@ -61,57 +63,90 @@ class InProcess:
 
 
 class OnDask:
-    """Runs each task on a Dask cluster (`distributed.Client`); an item with a `worker` address runs on that
-    worker only. A worker that dies mid-task (killed for its
-    memory, or crashed) has its task retried on another `allowed_failures` times by the scheduler, then the task
-    fails as `KilledWorker`; `timeout_s` bounds how long the driver waits for all the answers (storage that
-    hangs): a task not done by then is named as such. Results are taken as they complete and released on the cluster at once, so the driver holds each
-    worker's answer, never a queue of them there as well."""
+    """Runs each task on a Dask cluster (`distributed.Client`); an item with a `worker` (a worker's name) runs
+    on that worker only, its input being on that worker's disk.
+
+    A worker that dies mid-task (killed for its memory, or crashed) has its task retried by the scheduler on
+    another (`distributed.scheduler.allowed-failures` times), then the task fails as `KilledWorker`; a task
+    pinned to a worker that left can run nowhere else, and is named at once. `timeout_s` bounds the wait for all the
+    answers (storage that hangs): a task not done by then is named as such, and cancelled (one already running
+    may still finish on its worker; its answer is not used). Results are taken as they complete and released on
+    the cluster at once, so the driver holds each answer once, not a queue of them there as well."""
 
     def __init__(self, client, timeout_s: float | None = None):
         self.client, self.timeout_s = client, timeout_s
 
     @property
     def workers(self) -> int:
-        return max(1, len(self.client.scheduler_info(n_workers=-1)["workers"]))
+        return len(self.client.scheduler_info(n_workers=-1)["workers"])
 
     def map(self, fn, items, on_done=None):
-        from distributed import as_completed
-        from distributed.scheduler import KilledWorker
+        from distributed import wait
 
         items = list(items)
-        futures = {}
-        for k, item in enumerate(items):
-            # (an item naming a worker runs there only: its input is on that worker's own disk)
-            pinned = getattr(item, "worker", None)
-            placement = {"workers": [pinned], "allow_other_workers": False} if pinned else {}
-            futures[self.client.submit(fn, item, key=f"{fn.__name__}-{k}-{id(items)}", pure=False, **placement)] = k
+        addresses = self._addresses()
+        futures, pinned_to = {}, {}
         out: list[Outcome | None] = [None] * len(items)
-        pending = as_completed(futures, timeout=self.timeout_s)
-        try:
-            for future in pending:
-                k = futures[future]
-                try:
-                    outcome = Outcome(items[k], value=future.result())
-                except KilledWorker as exc:
-                    outcome = Outcome(items[k], failure=f"the worker running it died ({_killed(exc)})")
-                except TASK_PROBLEMS as exc:
-                    outcome = Outcome(items[k], failure=_failure(exc))
-                future.release()
-                out[k] = outcome
+        for k, item in enumerate(items):
+            pinned = getattr(item, "worker", None)
+            if pinned is not None and pinned not in addresses:
+                out[k] = Outcome(item, failure=f"no worker named {pinned} in the cluster (it left, or never joined)")
                 if on_done:
-                    on_done(outcome)
-        except TimeoutError:
-            pass   # (as_completed's own deadline: every task not done by then is named below)
-        for future, k in futures.items():
-            if out[k] is None:
+                    on_done(out[k])
+                continue
+            placement = {"workers": [pinned], "allow_other_workers": False} if pinned is not None else {}
+            future = self.client.submit(fn, item, pure=False, **placement)
+            futures[future] = k
+            if pinned is not None:
+                pinned_to[future] = addresses[pinned]
+
+        def settle(future, outcome: Outcome) -> None:
+            out[futures[future]] = outcome
+            future.release()
+            if on_done:
+                on_done(outcome)
+
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        pending = set(futures)
+        while pending and (deadline is None or time.monotonic() < deadline):
+            try:
+                done, pending = wait(pending, timeout=self._poll_s(deadline), return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                done = set()
+            for future in done:
+                settle(future, self._outcome(items[futures[future]], future))
+            # A task pinned to a worker that left (died; its nanny restarts it under a new address) can never run:
+            # the scheduler would hold it for ever. It is named instead.
+            present = set(self._addresses().values()) if pinned_to and pending else set()
+            for future in [f for f in pending if f in pinned_to and pinned_to[f] not in present]:
+                pending.discard(future)
                 future.cancel()
-                out[k] = Outcome(items[k], failure=f"no answer from the cluster within {self.timeout_s:g} s "
-                                                   "(storage or a worker hung)")
+                settle(future, Outcome(items[futures[future]], failure="the worker on that host left the cluster "
+                                       "before answering (it died, or was restarted: see its log)"))
+        for future in pending:
+            future.cancel()
+            settle(future, Outcome(items[futures[future]], failure=f"no answer from the cluster within "
+                                                                   f"{self.timeout_s:g} s (storage or a worker hung)"))
         return out
 
+    def _addresses(self) -> dict:
+        """Each worker's name -> its address."""
+        return {info["name"]: address for address, info in self.client.scheduler_info(n_workers=-1)["workers"].items()}
 
-def _killed(exc: BaseException) -> str:
-    """KilledWorker's message names the task and the last worker; what the operator needs is what to check."""
-    return ("killed again on every worker that took it, e.g. for exceeding its memory limit: see the workers' logs, "
-            f"or give workers more memory; {str(exc).splitlines()[0][:200]}")
+    @staticmethod
+    def _poll_s(deadline: float | None) -> float:
+        # (often enough to see a pinned task's worker leave; no busier: each look asks the scheduler)
+        return 2.0 if deadline is None else max(0.01, min(2.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _outcome(item, future) -> Outcome:
+        from distributed.scheduler import KilledWorker
+
+        try:
+            return Outcome(item, value=future.result())
+        except KilledWorker as exc:
+            first = str(exc).splitlines()[0][:160]
+            return Outcome(item, failure="the worker running it died on every try (e.g. past its memory limit: see "
+                                         f"the workers' logs, or give them more memory); {first}")
+        except TASK_PROBLEMS as exc:
+            return failed(item, exc)

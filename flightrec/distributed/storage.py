@@ -37,29 +37,29 @@ def join(location: str, name: str) -> str:
 
 
 def subfolders(location: str) -> list[str]:
-    """The folders directly under `location` (one per host, as `flightrec convert --cluster` expects), sorted."""
+    """The folders directly under `location` (one per host, as `flightrec convert-hosts` expects), sorted."""
     if not is_remote(location):
         root = Path(location.removeprefix("file://"))
         if not root.is_dir():
             raise FlightrecError(f"{location} is not a folder")
         return sorted(str(p) for p in root.iterdir() if p.is_dir())
     fs, path = _fs(location)
-    protocol = location.split("://", 1)[0]
-    found = [e["name"] for e in fs.ls(path, detail=True) if e["type"] == "directory"]
-    return sorted(_url(protocol, name) for name in found)
+    return sorted(fs.unstrip_protocol(e["name"]) for e in fs.ls(path, detail=True) if e["type"] == "directory")
 
 
 def folders_holding(location: str, filename: str) -> list[str]:
     """Every folder at any depth under the URL `location` holding a file named `filename`, as URLs, sorted."""
     fs, path = _fs(location)
-    protocol = location.split("://", 1)[0]
-    found = sorted(os.path.dirname(p) for p in fs.glob(f"{path.rstrip('/')}/**/{filename}"))
-    return [_url(protocol, p) for p in found]
+    return sorted(fs.unstrip_protocol(os.path.dirname(p)) for p in fs.glob(f"{path.rstrip('/')}/**/{filename}"))
 
 
-def _url(protocol: str, path: str) -> str:
-    # (fsspec's memory file system keeps its leading slash; buckets don't have one)
-    return f"memory://{path}" if protocol == "memory" else f"{protocol}://{path.lstrip('/')}"
+def read_text(location: str) -> str:
+    """A small file's text (a manifest), from a path or URL."""
+    if not is_remote(location):
+        return Path(location.removeprefix("file://")).read_text()
+    fs, path = _fs(location)
+    with fs.open(path, "r") as f:
+        return f.read()
 
 
 @contextmanager
@@ -85,13 +85,17 @@ def local_copy(location: str):
 
 
 @contextmanager
-def local_target(location: str):
+def local_target(location: str, replaceable: str):
     """A local folder to write into that ends up at `location`: itself if local, else a scratch folder uploaded
-    whole when the block completes (nothing is uploaded if it raises)."""
+    whole when the block completes (nothing is uploaded if it raises). What is at a remote `location` already is
+    replaced only if it holds a file named `replaceable` (a shard's manifest) or nothing: never the dumps."""
     if not is_remote(location):
         yield location.removeprefix("file://")
         return
     with _scratch(location, "flightrec-put-") as (fs, path, folder):
+        if fs.exists(path) and fs.ls(path) and not fs.exists(path + replaceable):
+            raise FlightrecError(f"{location} holds files that are no flightrec shard: converting would replace "
+                                 "them. Give a new or empty location")
         out = os.path.join(folder, "shard")
         yield out
         if fs.exists(path):

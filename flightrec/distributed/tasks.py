@@ -9,15 +9,17 @@ from pathlib import Path
 
 from flightrec.distributed.storage import local_copy, local_target
 from flightrec.distributed.window import Window, newest_entries
+from flightrec.errors import FlightrecError
 from flightrec.ingest.load import load_raw
 from flightrec.model.trace import LoadOptions
-from flightrec.store.shards import read_shard, write_empty, write_shard
+from flightrec.store.cache import MANIFEST
+from flightrec.store.shards import HostGone, read_shard, write_empty, write_shard
 
 
 @dataclass(frozen=True)
 class ConvertJob:
     """One host's dumps (`source`, a folder or URL) to be converted into the shard `out` (a folder or URL).
-    `worker`: the address of the Dask worker on the host holding them, when they are on its local disk.
+    `worker`: the name of the Dask worker on the host holding them, when they are on its local disk.
     `parse_workers`: processes parsing the dumps; 1 (here) by default, as a Dask worker is one of the cluster's
     processes already (and its nanny starts it as a daemon, which may not start processes of its own)."""
 
@@ -25,7 +27,7 @@ class ConvertJob:
     out: str
     host: str | None = None
     prefix: str | None = None
-    worker: str | None = None
+    worker: str | int | None = None
     parse_workers: int = 1
 
 
@@ -42,8 +44,10 @@ def convert_host(job: ConvertJob) -> dict:
     host folder holding no file at all is written as an empty shard (the host gone, as `analyze` reads an empty
     host folder beside the others); one holding files none of which is a dump fails, saying so."""
     options = LoadOptions(prefix=job.prefix, use_cache=False, workers=job.parse_workers)
-    with local_copy(job.source) as dumps, local_target(job.out) as out:
-        if not any(files for _, _, files in os.walk(dumps)):
+    with local_copy(job.source) as dumps, local_target(job.out, MANIFEST) as out:
+        if not os.path.isdir(dumps):
+            raise FlightrecError(f"{job.source}: no such folder" + (f" on worker {job.worker}" if job.worker else ""))
+        if not any(files for _, _, files in os.walk(dumps, onerror=_raise)):
             write_empty(out, source=job.source, host=job.host)
             return {"source": job.source, "out": job.out, "dumps": 0, "entries": 0, "pid": os.getpid()}
         raw = load_raw(dumps, options)
@@ -52,8 +56,12 @@ def convert_host(job: ConvertJob) -> dict:
             "entries": raw["entries"].height, "pid": os.getpid()}
 
 
-def read_window(job: ShardJob) -> Window | str:
-    """The shard's ranks' newest entries (`newest_entries`), or the host's name for a host that left no dump."""
+def _raise(exc: OSError) -> None:
+    raise exc   # (os.walk skips a folder it can't list, which would read as no dump)
+
+
+def read_window(job: ShardJob) -> Window | HostGone:
+    """The shard's ranks' newest entries (`newest_entries`), or `HostGone` for a host that left no dump."""
     with local_copy(job.shard) as folder:
         tables = read_shard(Path(folder))
-    return tables if isinstance(tables, str) else newest_entries(tables, job.keep)
+    return tables if isinstance(tables, HostGone) else newest_entries(tables, job.keep)

@@ -187,7 +187,7 @@ class History:
         check_report(report)
         key = incident_id(report)
         d = report["dumps"]
-        where = None if path is None else str(Path(path).resolve())
+        where = None if path is None else str(path) if "://" in str(path) else str(Path(path).resolve())
         with self._transaction():
             earlier = self.db.execute("SELECT path FROM incidents WHERE id = ?", (key,)).fetchone()
             if earlier is not None:

@@ -148,7 +148,8 @@ def discover_all(root: str | os.PathLike, prefix: str | None = None) -> Found:
     unlisted: list[tuple[str, str]] = []
     empty_hosts: list[str] = []
     files = discover(root, prefix, unlisted, empty_hosts)
-    return Found(files, pl.DataFrame(unlisted, schema=UNLISTED, orient="row"), empty_hosts)
+    return Found(files, pl.DataFrame([(p, why, None) for p, why in unlisted], schema=UNLISTED, orient="row"),
+                 empty_hosts)
 
 
 def discover(root: str | os.PathLike, prefix: str | None = None,

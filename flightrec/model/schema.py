@@ -88,8 +88,9 @@ DUMPS = pl.Schema({
     "fast_reader_declined": pl.String,   # why the fast reader left it to the unpickler, where it did
 })
 
-# Folders under the dump folder that could not be listed: any dumps in them were not read
-UNLISTED = pl.Schema({"path": pl.String, "reason": pl.String})
+# Folders under the dump folder that could not be listed, or shards that could not be read: any dumps in them
+# were not read. `ranks`: theirs where known (a shard's manifest lists them), else null: any missing rank's
+UNLISTED = pl.Schema({"path": pl.String, "reason": pl.String, "ranks": pl.List(pl.Int64)})
 
 ENTRIES = pl.Schema({
     "rank": pl.Int64,

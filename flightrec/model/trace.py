@@ -132,11 +132,12 @@ class Trace:
 
     @property
     def unreadable_ranks(self) -> list[int]:
-        """Ranks whose dump is there and could not be read (permissions, an I/O error); and where a folder could not
-        be listed, every missing rank, as its dump may be in it."""
+        """Ranks whose dump is there and could not be read (permissions, an I/O error); a shard's that could not be
+        read; and where a folder could not be listed, every missing rank, as its dump may be in it."""
         unread = set(self.dumps.filter(pl.col("unreadable").fill_null(False))["rank"].to_list())
-        if self.unlisted.height:
+        if self.unlisted["ranks"].null_count():
             unread |= set(self.missing_ranks)
+        unread |= set(self.unlisted["ranks"].explode().drop_nulls().to_list()) & set(self.missing_ranks)
         return sorted(unread)
 
     @property

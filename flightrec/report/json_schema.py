@@ -70,12 +70,15 @@ def _dumps() -> dict[str, Any]:
             "last_entry_ns": {"description": "The same in nanoseconds since the epoch: the same dumps, wherever "
                                              "they are copied, give the same value (the incident log's key).",
                               "type": ["integer", "null"]},
-            "window": {"description": "Only from a distributed analysis (`flightrec analyze --distributed`): each "
-                                      "rank's newest `entries_per_rank` entries were analysed, as if the recorder "
-                                      "kept that many; `entries_left_out` older ones were not; read from `shards`.",
-                       "type": "object", "required": ["entries_per_rank", "entries_left_out", "shards"],
-                       "properties": {k: {"type": "integer", "minimum": 0}
-                                      for k in ("entries_per_rank", "entries_left_out", "shards")}},
+            "window": {"description": "Only from an analysis of shards with a window (`flightrec analyze SHARDS "
+                                      "--window N`, or on a cluster): each rank's newest `entries_per_rank` entries "
+                                      "were analysed, as if the recorder kept that many; `entries_left_out` older "
+                                      "ones were not; `ranks_kept_whole` ranks' dumps (of unfinished entries only, "
+                                      "or Gloo's) were kept whole; read from `shards`.",
+                       "type": "object",
+                       "required": ["entries_per_rank", "entries_left_out", "ranks_kept_whole", "shards"],
+                       "properties": {k: {"type": "integer", "minimum": 0} for k in
+                                      ("entries_per_rank", "entries_left_out", "ranks_kept_whole", "shards")}},
         },
     }
 

@@ -97,7 +97,8 @@ class DumpSummary:
     last_entry_at: str | None = None
     last_entry_ns: int | None = None   # the same, to the nanosecond: one incident's dumps wherever they are copied
     # Only from `flightrec.distributed`: each rank's newest `entries_per_rank` entries were analysed, as if the
-    # recorder's buffer held that many (`entries_left_out` older ones were not), read from `shards` shards
+    # recorder's buffer held that many (`entries_left_out` older ones were not; `ranks_kept_whole` ranks' dumps,
+    # of unfinished entries only or Gloo's, were kept whole), read from `shards` shards
     window: dict[str, int] | None = None
 
 
@@ -240,9 +241,7 @@ class Report:
             text += ("; written with only their unfinished entries (TORCH_INCLUDE_ONLY_ACTIVE): how far each rank got "
                      "is read from its pg_status, and no finished collective is left to compare shapes or times with")
         if d.window:
-            text += (f"; the newest {d.window['entries_per_rank']:,} entries of each rank analysed, as if the recorder "
-                     f"kept that many ({d.window['entries_left_out']:,} older ones left out), from "
-                     f"{d.window['shards']:,} shards")
+            text += f"; {window_said(d.window)}"
         if self.scope:
             sc = self.scope
             text += (f"; scope: --pg {sc['pg']}, {sc['groups']} of {sc['of_groups']} groups (ranks can be waiting in "
@@ -332,3 +331,12 @@ def _evidence_lines(f: Finding) -> list[tuple[str, str]]:
             value = listed((" <-> ".join(v) if isinstance(v, list) else str(v) for v in value), 12)
         out.append((key.replace("_", " "), str(value)))
     return out
+
+
+def window_said(window: dict[str, int]) -> str:
+    """How much of the history a distributed analysis read (`DumpSummary.window`), in a clause."""
+    n, left, whole = window["entries_per_rank"], window["entries_left_out"], window.get("ranks_kept_whole", 0)
+    said = (f"the newest {n:,} entries of each rank analysed, as if the recorder kept that many ({left:,} older ones "
+            "left out" if left else f"every entry analysed (none older than each rank's newest {n:,}")
+    said += f"; {whole:,} ranks' dumps kept whole: their unfinished entries only, or Gloo's)" if whole else ")"
+    return f"{said}, from {window['shards']:,} shards"

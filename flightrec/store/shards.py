@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
@@ -73,38 +74,66 @@ def _write_marker(out: Path, manifest: dict) -> Path:
     return out
 
 
-def read_shard(folder: Path) -> dict[str, pl.DataFrame] | str:
-    """One shard's tables, or the host's name for a host that left no dump (`write_empty`). Raises
-    FlightrecError when it was written by another flightrec version or marks a failed conversion, and what Polars
-    or the system raise for a damaged or unreadable file."""
+@dataclass(frozen=True)
+class HostGone:
+    """A shard that marks a host whose dump folder held no file (`write_empty`)."""
+
+    host: str
+
+
+class UnreadableShard(FlightrecError):
+    """A shard that can't be read: damaged, of another version, or marking a failed conversion. `ranks`: the
+    ranks it holds, where its manifest says (a conversion that failed knows none)."""
+
+    def __init__(self, message: str, ranks: list[int] | None = None):
+        super().__init__(message)
+        self.ranks = ranks
+
+
+def read_shard(folder: Path) -> dict[str, pl.DataFrame] | HostGone:
+    """One shard's tables, or `HostGone`. Raises UnreadableShard (the shard's fault: named in the report, the
+    rest analysed) and OSError (the disk's); anything else is a bug."""
     meta = cache.read_manifest(folder)
     if meta is None:
-        raise FlightrecError(f"{folder}: written by another flightrec version; convert the dumps again")
+        raise UnreadableShard("no shard manifest of this flightrec version (damaged, or written by another "
+                              "version): convert those dumps again")
+    ranks = meta.get("ranks") if isinstance(meta.get("ranks"), list) else None
     if meta.get("kind") == "failed":
-        raise FlightrecError(f"its conversion failed ({meta.get('reason') or 'no reason recorded'}); convert "
-                             f"{meta.get('source') or 'those dumps'} again")
+        raise UnreadableShard(f"its conversion failed ({meta.get('reason') or 'no reason recorded'}); convert "
+                              f"{meta.get('source') or 'those dumps'} again")
     if meta.get("kind") == "empty":
-        return str(meta.get("host") or folder.name)
-    return cache.read_tables(folder)
+        return HostGone(str(meta.get("host") or folder.name))
+    try:
+        return cache.read_tables(folder)
+    except (pl.exceptions.ComputeError, pl.exceptions.SchemaError, pl.exceptions.ColumnNotFoundError) as exc:
+        # (what Polars raises for a cut or garbled Parquet file, or one missing a column)
+        raise UnreadableShard(f"damaged ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); convert those "
+                              "dumps again", ranks) from exc
 
 
-# What reading a shard raises when the shard, not flightrec, is at fault: named in the report, the rest analysed.
-SHARD_PROBLEMS = (FlightrecError, OSError, pl.exceptions.ComputeError, pl.exceptions.SchemaError,
-                  pl.exceptions.ColumnNotFoundError)
+# What reading a shard raises when the shard or the disk, not flightrec, is at fault.
+SHARD_PROBLEMS = (UnreadableShard, OSError)
 
 
-def read_shards(shards: list[Path]) -> tuple[dict[str, pl.DataFrame], list[tuple[str, str]]]:
-    """Every readable shard's tables as one job's, and (folder, why) for each that could not be read."""
+def read_shards(shards: list[Path]) -> tuple[dict[str, pl.DataFrame], list[tuple[str, str, list[int] | None]]]:
+    """Every readable shard's tables as one job's, and (folder, why, its ranks or None) for each that could not
+    be read."""
     parts, failed = [], []
     for folder in shards:
         try:
             parts.append(read_shard(folder))
         except SHARD_PROBLEMS as exc:
-            failed.append((str(folder), shard_problem(folder, exc)))
+            failed.append((str(folder), shard_problem(folder, exc), getattr(exc, "ranks", None)))
     if not any(isinstance(p, dict) for p in parts):
-        raise NoDumpsError(f"none of the {len(shards)} shard(s) holds a readable dump: "
-                           + "; ".join(f"{os.path.basename(f)}: {why}" for f, why in failed[:3]))
+        raise NoDumpsError(no_readable_shard(shards, failed))
     return merge_shards(parts), failed
+
+
+def no_readable_shard(shards: list, failed: list[tuple]) -> str:
+    gone = len(shards) - len(failed)
+    why = "; ".join(f"{os.path.basename(str(f[0]).rstrip('/'))}: {f[1]}" for f in failed[:3])
+    return (f"none of the {len(shards)} shard(s) holds a readable dump"
+            + (f" ({gone} mark a host that left no dump)" if gone else "") + (f": {why}" if why else ""))
 
 
 def shard_problem(folder: str | os.PathLike, exc: BaseException) -> str:
@@ -113,18 +142,20 @@ def shard_problem(folder: str | os.PathLike, exc: BaseException) -> str:
     return text if isinstance(exc, FlightrecError) else f"{type(exc).__name__}: {text}"
 
 
-def merge_shards(parts: list[dict[str, pl.DataFrame] | str]) -> dict[str, pl.DataFrame]:
-    """Several shards' tables (and names of hosts that left no dump) as one job's: each rank in one shard only,
-    stacks and rank lists once, `raw["empty_hosts"]` the hosts gone."""
-    empty_hosts = sorted(p for p in parts if isinstance(p, str))
+def merge_shards(parts: list[dict[str, pl.DataFrame] | HostGone]) -> dict[str, pl.DataFrame]:
+    """Several shards' tables (and hosts that left no dump) as one job's: each rank in one shard only, stacks and
+    rank lists once, `raw["empty_hosts"]` the hosts gone."""
+    empty_hosts = sorted(p.host for p in parts if isinstance(p, HostGone))
     parts = [p for p in parts if isinstance(p, dict)]
     raw = {name: pl.concat([p[name] for p in parts], how="vertical_relaxed") for name in cache.TABLES}
     raw["empty_hosts"] = empty_hosts
     dumps = raw["dumps"].sort("rank")
     dup = dumps.filter(pl.col("rank").is_duplicated())
     if dup.height:
-        raise FlightrecError(f"ranks {sorted(set(dup['rank'].to_list()))[:10]} appear in more than one shard; "
-                             "convert each host's dumps once")
+        first = dup["rank"][0]
+        where = sorted({os.path.dirname(p) for p in dup.filter(pl.col("rank") == first)["path"].to_list()})
+        raise FlightrecError(f"ranks {sorted(set(dup['rank'].to_list()))[:10]} appear in more than one shard (rank "
+                             f"{first}'s dumps were read from {' and '.join(where)}); convert each host's dumps once")
     raw["dumps"] = dumps
     raw["stacks"] = raw["stacks"].unique("stack_id")
     raw["rank_lists"] = raw["rank_lists"].unique("ranks_key")
