@@ -6,6 +6,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -51,7 +52,25 @@ LIST_EVERY = 10
 
 
 def run_argv(argv: list[str], timeout: float = 3600, parse: bool = True) -> dict:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # (output into files, not pipes: a child whose output outgrows a pipe's buffer would block on it while this
+    # process only samples its memory, and neither would ever finish)
+    with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
+        proc = subprocess.Popen(argv, stdout=out_file, stderr=err_file, text=True)
+        peak = _sample_until_done(proc, timeout, argv)
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
+    if not parse:
+        return {"peak_rss": peak, "returncode": proc.returncode, "stdout": out, "stderr": err}
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
+    result = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss"] = peak
+    return result
+
+
+def _sample_until_done(proc: subprocess.Popen, timeout: float, argv: list[str]) -> int:
+    """The peak RSS of `proc` and its workers until it exits."""
     ps = psutil.Process(proc.pid)
     tree = [ps]
     peak = samples = 0
@@ -68,14 +87,8 @@ def run_argv(argv: list[str], timeout: float = 3600, parse: bool = True) -> dict
             proc.kill()
             raise TimeoutError(" ".join(argv)[:200])
         time.sleep(0.02)
-    out, err = proc.communicate()
-    if not parse:
-        return {"peak_rss": peak, "returncode": proc.returncode, "stdout": out, "stderr": err}
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_rss"] = peak
-    return result
+    proc.wait()
+    return peak
 
 
 def _rss(process: psutil.Process) -> int:
