@@ -56,6 +56,7 @@ def measure(ranks: int, entries: int, repeat: int, torchfrtrace: str | None) -> 
     row = {"ranks": ranks, "entries_per_rank": entries, "entries": cold["entries"], "floor": floor["s"],
            "cold": cold["s"], "warm": warm["s"], "rss": max(cold["peak_rss"], warm["peak_rss"]),
            "cold_rss": cold["peak_rss"], "warm_rss": warm["peak_rss"],
+           "anon": max(cold["peak_anon"], warm["peak_anon"]),
            "right": cold["culprits"] == truth["ranks"], "summary": cold["summary"], "cold_runs": cold["runs"]}
     if torchfrtrace:
         t = run_command([torchfrtrace, str(d), "-p", "nccl_trace_rank_"], timeout=3 * 3600)
@@ -74,12 +75,12 @@ print(json.dumps({{"s": time.perf_counter() - t}}))
 
 def table(rows: list[dict]) -> str:
     head = ("| ranks x entries | entries | pickle.load floor | cold | cold / floor | warm | peak RSS | "
-            "cold per rank | RSS per rank | culprit right |")
-    lines = [head, "|" + "---|" * 10]
+            "anonymous peak | cold per rank | RSS per rank | culprit right |")
+    lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r['ranks']:,} x {r['entries_per_rank']:,} | {r['entries']:,} | {r['floor']:.1f} s | {r['cold']:.1f} s | "
-            f"{r['cold'] / r['floor']:.2f}x | {r['warm']:.1f} s | {gib(r['rss'])} | "
+            f"{r['cold'] / r['floor']:.2f}x | {r['warm']:.1f} s | {gib(r['rss'])} | {gib(r['anon'])} | "
             f"{r['cold'] / r['ranks'] * 1e3:.2f} ms | {r['rss'] / r['ranks'] / 2**20:.2f} MiB | "
             f"{'yes' if r['right'] else 'NO'} |")
     if any("tft" in r for r in rows):

@@ -1,4 +1,8 @@
-"""Run one measurement in a fresh process: wall time and peak RSS of the whole process tree."""
+"""Run one measurement in a fresh process: wall time and peak RSS of the whole process tree.
+
+RSS counts the pages of files a process has memory-mapped (the column files of flightrec's cache and spool)
+while they are in memory; the kernel drops those under pressure, so the memory a run really needs is nearer
+its anonymous peak (RSS without file-backed and shared pages), measured beside it."""
 
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ def warm_numba_cache(log=print) -> None:
 
 def run(code: str, timeout: float = 3600) -> dict:
     """Execute `code` in `python -c`; it must print one JSON line with at least {"s": seconds}.
-    Adds "peak_rss" (bytes, main process plus its workers, sampled every 20 ms: `run_argv`)."""
+    Adds "peak_rss" and "peak_anon" (bytes, main process plus its workers, sampled every 20 ms: `run_argv`)."""
     return run_argv([sys.executable, "-c", code], timeout)
 
 
@@ -56,24 +60,25 @@ def run_argv(argv: list[str], timeout: float = 3600, parse: bool = True) -> dict
     # process only samples its memory, and neither would ever finish)
     with tempfile.TemporaryFile("w+") as out_file, tempfile.TemporaryFile("w+") as err_file:
         proc = subprocess.Popen(argv, stdout=out_file, stderr=err_file, text=True)
-        peak = _sample_until_done(proc, timeout, argv)
+        peak, peak_anon = _sample_until_done(proc, timeout, argv)
         out_file.seek(0)
         err_file.seek(0)
         out, err = out_file.read(), err_file.read()
     if not parse:
-        return {"peak_rss": peak, "returncode": proc.returncode, "stdout": out, "stderr": err}
+        return {"peak_rss": peak, "peak_anon": peak_anon, "returncode": proc.returncode, "stdout": out, "stderr": err}
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark child failed ({proc.returncode}):\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
     result["peak_rss"] = peak
+    result["peak_anon"] = peak_anon
     return result
 
 
-def _sample_until_done(proc: subprocess.Popen, timeout: float, argv: list[str]) -> int:
-    """The peak RSS of `proc` and its workers until it exits."""
+def _sample_until_done(proc: subprocess.Popen, timeout: float, argv: list[str]) -> tuple[int, int]:
+    """The peak RSS of `proc` and its workers until it exits, and their peak anonymous memory."""
     ps = psutil.Process(proc.pid)
     tree = [ps]
-    peak = samples = 0
+    peak = peak_anon = samples = 0
     start = time.monotonic()
     while proc.poll() is None:
         if samples % LIST_EVERY == 0:
@@ -81,21 +86,25 @@ def _sample_until_done(proc: subprocess.Popen, timeout: float, argv: list[str]) 
                 tree = [ps, *ps.children(recursive=True)]
             except psutil.Error:
                 pass
-        peak = max(peak, sum(_rss(p) for p in tree))
+        memory = [_memory(p) for p in tree]
+        peak = max(peak, sum(rss for rss, _ in memory))
+        peak_anon = max(peak_anon, sum(anon for _, anon in memory))
         samples += 1
         if time.monotonic() - start > timeout:
             proc.kill()
             raise TimeoutError(" ".join(argv)[:200])
         time.sleep(0.02)
     proc.wait()
-    return peak
+    return peak, peak_anon
 
 
-def _rss(process: psutil.Process) -> int:
+def _memory(process: psutil.Process) -> tuple[int, int]:
+    """(RSS, anonymous RSS): on Linux `shared` is the resident file-backed and shared-memory pages."""
     try:
-        return process.memory_info().rss
+        info = process.memory_info()
     except psutil.Error:   # (gone since it was listed)
-        return 0
+        return 0, 0
+    return info.rss, info.rss - getattr(info, "shared", 0)
 
 
 def runs_alternated(codes: list[str], repeat: int) -> list[list[dict]]:
