@@ -139,6 +139,34 @@ def test_dumps_and_shards_in_object_storage_through_fsspec(hang, tmp_path):
         store.rm("/bucket", recursive=True)
 
 
+def test_an_error_of_the_storage_library_is_the_users_to_fix_and_any_other_is_raised(hang, monkeypatch):
+    fsspec = pytest.importorskip("fsspec")
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class NoCredentialsError(Exception):   # (as botocore's, without needing it)
+        pass
+    NoCredentialsError.__module__ = "botocore.exceptions"
+    store = fsspec.filesystem("memory")
+    store.put(str(hang[0]) + "/", "/bucket/job/", recursive=True)
+    try:
+        def refuse(*args, **kwargs):
+            raise NoCredentialsError("Unable to locate credentials")
+        monkeypatch.setattr(MemoryFileSystem, "ls", refuse)
+        with pytest.raises(FlightrecError, match="Check the credentials"):
+            host_jobs("memory://bucket/job", "memory://bucket/shards")
+        result = CliRunner().invoke(main, ["convert-hosts", "memory://bucket/job", "memory://bucket/shards"])
+        assert result.exit_code == 2 and "Unable to locate credentials" in result.output, result.output
+
+        def broken(*args, **kwargs):
+            raise KeyError("a bug of ours or of fsspec's caller")
+        monkeypatch.setattr(MemoryFileSystem, "ls", broken)
+        with pytest.raises(KeyError):
+            host_jobs("memory://bucket/job", "memory://bucket/shards")
+    finally:
+        monkeypatch.undo()
+        store.rm("/bucket", recursive=True)
+
+
 def _copy_hosts(src: Path, dst: Path) -> Path:
     for host in sorted(src.iterdir()):
         (dst / host.name).mkdir(parents=True)
@@ -323,10 +351,16 @@ def test_convert_hosts_exits_2_naming_each_host_it_could_not_convert(hang, tmp_p
     assert "node00001: not converted:" in result.output and "converted 3 of 4 hosts" in result.output
 
 
-def test_the_documented_launch_a_scheduler_and_a_worker_per_host(hang, tmp_path):
+def test_the_documented_launch_a_scheduler_and_a_worker_per_host(hang, tmp_path, monkeypatch):
     """docs/scale.md's commands, with `dask scheduler` and one `dask worker --name HOST` per host as separate
-    processes: each worker converts its own host's dumps, then the shards are analysed on the same cluster."""
+    processes: each worker converts its own host's dumps, then the shards are analysed on the same cluster.
+    The workers run in another folder than the command, whose paths are relative: they are read from where the
+    command runs."""
     pytest.importorskip("distributed")
+    shutil.copytree(hang[0], tmp_path / "dumps")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
 
     dask = [sys.executable, "-m", "distributed.cli.dask_scheduler"]
     scheduler_file = tmp_path / "scheduler.json"
@@ -340,16 +374,17 @@ def test_the_documented_launch_a_scheduler_and_a_worker_per_host(hang, tmp_path)
         hosts = sorted(p.name for p in hang[0].iterdir() if p.is_dir())
         procs += [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", "--scheduler-file",
                                     str(scheduler_file), "--name", host, "--nthreads", "1", "--memory-limit", "1GiB",
-                                    "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                    "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   cwd=elsewhere)
                   for host in hosts]
         runner = CliRunner()
         shards = tmp_path / "shards"
-        converted = runner.invoke(main, ["convert-hosts", str(hang[0] / "{host}"), str(shards), "--on-each-worker",
+        converted = runner.invoke(main, ["convert-hosts", "dumps/{host}", "shards", "--on-each-worker",
                                          "--expect-hosts", str(len(hosts)), "--scheduler", str(scheduler_file), "-q"])
         assert converted.exit_code == 0, converted.output
         assert f"converted {len(hosts)} of {len(hosts)}" in converted.output
         assert sorted(p.name for p in shards.iterdir()) == hosts
-        result = runner.invoke(main, ["analyze", str(shards), "--window", "50", "--scheduler", str(scheduler_file),
+        result = runner.invoke(main, ["analyze", "shards", "--window", "50", "--scheduler", str(scheduler_file),
                                       "-f", "json", "-q"])
         assert result.exit_code == 1, result.output
         report = json.loads(result.output)

@@ -57,6 +57,7 @@ def convert_hosts(jobs: list[ConvertJob], runner: Runner | None = None,
 def host_jobs(source: str, out: str, prefix: str | None = None) -> list[ConvertJob]:
     """One job per host folder directly under `source` (a folder or URL), its shard at `out`/<host>. An empty
     folder counts as a host (gone) only when named like the others (`node7` beside `node6`), as on one machine."""
+    source, out = storage.absolute(source), storage.absolute(out)
     local = not storage.is_remote(source)
     if local and not storage.is_remote(out) and _inside(out, source):
         raise FlightrecError(f"{out} is inside {source}: give an OUT outside the dumps' folder (a second run would "
@@ -95,7 +96,8 @@ def worker_jobs(client, dumps_on_host: str, out: str, prefix: str | None = None,
     host, started with `--name $(hostname)`), its shard at `out`/<worker name>. `{host}` in `dumps_on_host`
     stands for the worker's name (dumps kept per host on shared storage: /shared/fr/{host}). With `expect`,
     waits up to `wait_s` for that many workers and refuses to go on with fewer (a host not converted would
-    read as a host gone)."""
+    read as a host gone). A relative path is taken from where this runs, not from each worker's working folder."""
+    dumps_on_host, out = storage.absolute(dumps_on_host), storage.absolute(out)
     if expect:
         try:
             client.wait_for_workers(expect, timeout=wait_s)

@@ -48,6 +48,7 @@ def analyze_shards(root: str, options: AnalyzeOptions | None = None, *, keep: in
     """
     if not isinstance(keep, int) or keep < MIN_KEEP:
         raise FlightrecError(f"keep (--window) must be at least {MIN_KEEP} entries, not {keep!r}")
+    root = storage.absolute(root)
     options = options or AnalyzeOptions()
     runner = runner or InProcess()
     stage = options.stage or (lambda _msg: None)

@@ -21,6 +21,36 @@ def is_remote(location: str | os.PathLike) -> bool:
     return "://" in text and not text.startswith("file://")
 
 
+def absolute(location: str) -> str:
+    """A local path made absolute here, where the command runs (a Dask worker would read a relative path from its
+    own working folder: another place, or nothing); a URL as it is."""
+    return location if is_remote(location) else os.path.abspath(location.removeprefix("file://"))
+
+
+# Where the exceptions of object storage's client libraries come from. Their errors (no credentials, an
+# endpoint that doesn't answer, access denied) are not OSError, yet they are the user's to fix, not a bug.
+_STORAGE_LIBRARIES = {"botocore", "aiobotocore", "s3fs", "gcsfs", "google", "adlfs", "azure", "aiohttp", "fsspec"}
+
+
+def _from_storage_library(exc: BaseException) -> bool:
+    return any(cls.__module__.split(".")[0] in _STORAGE_LIBRARIES for cls in type(exc).__mro__)
+
+
+@contextmanager
+def _storage_errors(location: str):
+    """An error of the storage's client library as a FlightrecError saying what to check."""
+    try:
+        yield
+    except FlightrecError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, OSError) or not _from_storage_library(exc):
+            raise
+        raise FlightrecError(f"{location}: the storage refused or did not answer ({type(exc).__name__}: {exc}). "
+                             "Check the credentials (e.g. AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS), the "
+                             "bucket's name and the network") from exc
+
+
 def _fs(location: str):
     try:
         import fsspec
@@ -44,13 +74,15 @@ def subfolders(location: str) -> list[str]:
             raise FlightrecError(f"{location} is not a folder")
         return sorted(str(p) for p in root.iterdir() if p.is_dir())
     fs, path = _fs(location)
-    return sorted(fs.unstrip_protocol(e["name"]) for e in fs.ls(path, detail=True) if e["type"] == "directory")
+    with _storage_errors(location):
+        return sorted(fs.unstrip_protocol(e["name"]) for e in fs.ls(path, detail=True) if e["type"] == "directory")
 
 
 def folders_holding(location: str, filename: str) -> list[str]:
     """Every folder at any depth under the URL `location` holding a file named `filename`, as URLs, sorted."""
     fs, path = _fs(location)
-    return sorted(fs.unstrip_protocol(os.path.dirname(p)) for p in fs.glob(f"{path.rstrip('/')}/**/{filename}"))
+    with _storage_errors(location):
+        return sorted(fs.unstrip_protocol(os.path.dirname(p)) for p in fs.glob(f"{path.rstrip('/')}/**/{filename}"))
 
 
 def read_text(location: str) -> str:
@@ -58,7 +90,7 @@ def read_text(location: str) -> str:
     if not is_remote(location):
         return Path(location.removeprefix("file://")).read_text()
     fs, path = _fs(location)
-    with fs.open(path, "r") as f:
+    with _storage_errors(location), fs.open(path, "r") as f:
         return f.read()
 
 
@@ -80,7 +112,8 @@ def local_copy(location: str):
         yield location.removeprefix("file://")
         return
     with _scratch(location, "flightrec-fetch-") as (fs, path, folder):
-        fs.get(path, folder + "/", recursive=True)
+        with _storage_errors(location):
+            fs.get(path, folder + "/", recursive=True)
         yield folder
 
 
@@ -93,11 +126,14 @@ def local_target(location: str, replaceable: str):
         yield location.removeprefix("file://")
         return
     with _scratch(location, "flightrec-put-") as (fs, path, folder):
-        if fs.exists(path) and fs.ls(path) and not fs.exists(path + replaceable):
+        with _storage_errors(location):
+            occupied = fs.exists(path) and fs.ls(path) and not fs.exists(path + replaceable)
+        if occupied:
             raise FlightrecError(f"{location} holds files that are no flightrec shard: converting would replace "
                                  "them. Give a new or empty location")
         out = os.path.join(folder, "shard")
         yield out
-        if fs.exists(path):
-            fs.rm(path, recursive=True)
-        fs.put(out + "/", path, recursive=True)
+        with _storage_errors(location):
+            if fs.exists(path):
+                fs.rm(path, recursive=True)
+            fs.put(out + "/", path, recursive=True)
