@@ -342,6 +342,11 @@ def test_cluster_options_that_cannot_work_are_refused_with_what_to_do(hang, tmp_
         assert result.exit_code == 2 and said in result.output, (argv, result.output)
 
 
+def test_a_host_placeholder_without_on_each_worker_says_which_flag_it_needs(hang, tmp_path):
+    result = CliRunner().invoke(main, ["convert-hosts", str(hang[0] / "{host}"), str(tmp_path / "out")])
+    assert result.exit_code == 2 and "only with --on-each-worker" in result.output, result.output
+
+
 def test_convert_hosts_exits_2_naming_each_host_it_could_not_convert(hang, tmp_path):
     dumps = _copy_hosts(hang[0], tmp_path / "dumps")
     for f in (dumps / "node00001").iterdir():

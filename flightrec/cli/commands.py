@@ -90,8 +90,8 @@ def load_options(fn):
         # (not a parameter of every command: kept in the context, read where the load options are made)
         click.option("--reader", type=click.Choice(["auto", "tape", "unpickler"]), default="auto", expose_value=False,
                      callback=_keep_reader,
-                     help="Pickle reader: 'tape' (compiled, needs the fast extra), 'unpickler', or 'auto' (the "
-                          "tape from 128 MB of pickles when installed)."),
+                     help="Pickle reader: 'tape' (the compiled fast reader), 'unpickler', or 'auto' (the "
+                          "tape from 128 MB of pickles)."),
         click.option("-q", "--quiet", is_flag=True, help="No progress bar and no warnings on stderr."),
     ]
     for d in reversed(decorators):

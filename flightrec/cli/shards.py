@@ -57,15 +57,17 @@ def convert(dump_dir, prefix, world_size, no_cache, workers, quiet, out, shard_o
               help="With --on-each-worker: wait (up to a minute) for N workers, and refuse to go on with fewer.")
 @click.option("--prefix", help="File-name prefix before the rank (default: any name ending in a number).")
 @cluster_options
-@click.option("-q", "--quiet", is_flag=True, help="Only the failures, on stderr.")
+@click.option("-q", "--quiet", is_flag=True, help="Only the failures (on stderr) and the one-line summary.")
 @guard
 def convert_hosts(source, out, on_each_worker, expect_hosts, prefix, quiet, **cluster):
     """Convert every host's dumps into its shard in OUT (a folder or URL), a task per host: on a cluster's
     workers in parallel, or here one after another (one host's dumps at a time on one core).
 
-    SOURCE and OUT may be URLs (s3://bucket/job1234, gs://..., through fsspec: install s3fs or gcsfs). A host
-    whose conversion fails (no dump, unreadable, a worker that died, storage that timed out) gets a shard that
-    says why, which `analyze` names; the command then exits 2.
+    SOURCE and OUT may be URLs (s3://bucket/job1234, gs://..., through fsspec: install s3fs or gcsfs); relative
+    paths are read from here. A host whose conversion fails (files but no dump among them, unreadable, a worker
+    that died, storage that timed out) gets a shard that says why, which `analyze` names; the command then exits
+    2. An empty host folder named like the others (node7 beside node6) is converted as that host gone, as
+    `analyze` reads it on one machine.
 
     \b
     Examples:

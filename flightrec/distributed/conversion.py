@@ -57,6 +57,10 @@ def convert_hosts(jobs: list[ConvertJob], runner: Runner | None = None,
 def host_jobs(source: str, out: str, prefix: str | None = None) -> list[ConvertJob]:
     """One job per host folder directly under `source` (a folder or URL), its shard at `out`/<host>. An empty
     folder counts as a host (gone) only when named like the others (`node7` beside `node6`), as on one machine."""
+    if "{host}" in source:
+        raise FlightrecError(f"{source}: {{host}} stands for each worker's name only with --on-each-worker (a "
+                             "worker per host converting its own disk's dumps); else give the folder holding one "
+                             "folder per host")
     source, out = storage.absolute(source), storage.absolute(out)
     local = not storage.is_remote(source)
     if local and not storage.is_remote(out) and _inside(out, source):
