@@ -246,3 +246,22 @@ def test_odd_names_and_ids_are_read_not_a_flightrec_bug(make_job, tmp_path, monk
         result = CliRunner().invoke(main, ["analyze", str(out), "--format", "json", "-q", *extra])
         assert result.exit_code == 1, result.output
         assert json.loads(result.stdout)["culprits"]["ranks"] == [5]
+
+
+def test_ranks_waiting_on_a_member_seen_behind_are_said_to_wait_on_it_not_on_the_lost_dumps(tmp_path):
+    """Real Gloo dumps (subgroups_per_host: rank 5 skips a tp all_reduce) with the other host's four dumps made
+    junk. Gloo's groups have inferred members, so the lost ranks may be members of the tp group too; the ranks
+    waiting there are still said to wait on the member seen behind, as the root cause says."""
+    import shutil
+
+    from .conftest import FIXTURES
+    shutil.copytree(FIXTURES / "subgroups_per_host", tmp_path / "job")
+    for dump in (tmp_path / "job" / "node0").iterdir():
+        dump.write_bytes(b"junk")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(tmp_path / "job", use_cache=False)
+    assert report.culprits["ranks"] == [5]
+    waiting = [f for f in report.findings if f.kind == "waiting"]
+    assert [f.ranks for f in waiting] == [[4, 6, 7]]
+    assert waiting[0].message.endswith("for members that have not joined")

@@ -43,10 +43,13 @@ def _symptom_findings(ctx: Context, culprits: set[int]) -> list[Finding]:
     descs = ctx.trace.groups.select("group", pl.col("pg_desc").fill_null(""), "pg_name")
     per = (edges.join(descs, on="group", how="left")
            .group_by("pg_desc").agg(pl.col("rank").unique().sort(), pl.col("group").n_unique().alias("n_groups"),
-                                    pl.col("kind").mode().first())
+                                    pl.col("kind").cast(pl.String).unique().alias("kinds"))
            .sort(pl.col("rank").list.len(), "pg_desc", descending=[True, False]))   # (ties in a stable order)
     out = []
-    for desc, ranks, n_groups, kind in per.iter_rows():
+    for desc, ranks, n_groups, kinds in per.iter_rows():
+        # (a member seen behind is what they wait on; a member with no dump only may be one, where membership
+        # is inferred: named only when nothing else is seen)
+        kind = next(k for k in ("behind", "p2p", "missing") if k in kinds)
         label = f"desc '{desc}'" if desc else "unnamed groups"
         unread = set(ctx.trace.unreadable_ranks)
         lost = ("whose dumps could not be read" if unread and set(ctx.trace.missing_ranks) <= unread

@@ -337,6 +337,6 @@ def window_said(window: dict[str, int]) -> str:
     """How much of the history a distributed analysis read (`DumpSummary.window`), in a clause."""
     n, left, whole = window["entries_per_rank"], window["entries_left_out"], window.get("ranks_kept_whole", 0)
     said = (f"the newest {n:,} entries of each rank analysed, as if the recorder kept that many ({left:,} older ones "
-            "left out" if left else f"every entry analysed (none older than each rank's newest {n:,}")
+            "left out" if left else f"every entry read analysed (none older than each rank's newest {n:,}")
     said += f"; {whole:,} ranks' dumps kept whole: their unfinished entries only, or Gloo's)" if whole else ")"
     return f"{said}, from {window['shards']:,} shards"
