@@ -342,6 +342,20 @@ def test_cluster_options_that_cannot_work_are_refused_with_what_to_do(hang, tmp_
         assert result.exit_code == 2 and said in result.output, (argv, result.output)
 
 
+def test_converting_beside_another_runs_shards_says_so(hang, tmp_path):
+    src = _copy_hosts(hang[0], tmp_path / "job")
+    out = tmp_path / "shards"
+    runner = CliRunner()
+    assert runner.invoke(main, ["convert-hosts", str(src), str(out), "-q"]).exit_code == 0
+    hosts = sorted(p.name for p in src.iterdir())
+    shutil.rmtree(src / hosts[0])
+    again = runner.invoke(main, ["convert-hosts", str(src), str(out), "-q"])
+    assert again.exit_code == 0
+    assert f"also holds 1 shard(s) not written now ({hosts[0]})" in again.output, again.output
+    shutil.rmtree(out / hosts[0])
+    assert "also holds" not in runner.invoke(main, ["convert-hosts", str(src), str(out), "-q"]).output
+
+
 def test_a_host_placeholder_without_on_each_worker_says_which_flag_it_needs(hang, tmp_path):
     result = CliRunner().invoke(main, ["convert-hosts", str(hang[0] / "{host}"), str(tmp_path / "out")])
     assert result.exit_code == 2 and "only with --on-each-worker" in result.output, result.output

@@ -97,8 +97,21 @@ def convert_hosts(source, out, on_each_worker, expect_hosts, prefix, quiet, **cl
                 click.echo(f"{outcome.item.host}: {outcome.value['dumps']:,} dumps, {outcome.value['entries']:,} "
                            f"entries -> {outcome.item.out}", err=True)
         done = run(jobs, runner, on_done=said)
+    others = _other_shards(out, {job.host for job in jobs})
+    if others:
+        click.echo(f"note: {out} also holds {len(others):,} shard(s) not written now ({', '.join(others[:3])}"
+                   f"{', ...' if len(others) > 3 else ''}): analyze reads them with these. If they are another "
+                   "job's, convert into a new OUT", err=True)
     failed = len(done.failed)
     click.echo(f"converted {len(jobs) - failed} of {len(jobs)} hosts into {out}"
                + (f"; {failed} failed, each marked in its shard (analyze names them)" if failed else ""))
     if failed:
         sys.exit(EXIT_USAGE)
+
+
+def _other_shards(out: str, hosts: set[str]) -> list[str]:
+    """The shards under `out` of hosts this run did not convert (an earlier run's, maybe another job's)."""
+    from flightrec.distributed.driver import shard_locations
+
+    return sorted(name for name in (s.rstrip("/").rsplit("/", 1)[-1] for s in shard_locations(out))
+                  if name not in hosts)
