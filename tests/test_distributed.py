@@ -228,6 +228,9 @@ def test_a_damaged_shard_is_named_with_its_own_ranks_and_the_rest_analysed(hang,
     assert report.dumps.loaded == 8 and report.dumps.missing_ranks == [0, 1, 2, 3, 8, 9, 10, 11]
     assert report.trace.unreadable_ranks == [0, 1, 2, 3]
     assert [f.evidence["unreadable_ranks"] for f in report.findings if f.kind == "unreadable"] == [[0, 1, 2, 3]]
+    text = report.to_text()
+    assert "paths: node00000 (damaged (ComputeError: parquet" in text and "{'path'" not in text
+    assert "every entry read analysed" in text or "older ones left out" in text
     # the one-machine path names it too
     assert _quietly(analyze, tmp_path / "shards").dumps.unreadable[0]["path"].endswith("node00000")
 
@@ -354,6 +357,14 @@ def test_converting_beside_another_runs_shards_says_so(hang, tmp_path):
     assert f"also holds 1 shard(s) not written now ({hosts[0]})" in again.output, again.output
     shutil.rmtree(out / hosts[0])
     assert "also holds" not in runner.invoke(main, ["convert-hosts", str(src), str(out), "-q"]).output
+
+
+def test_a_mistyped_folder_or_a_folder_of_dumps_under_window_says_what_is_wrong(hang, tmp_path):
+    runner = CliRunner()
+    typo = runner.invoke(main, ["analyze", str(tmp_path / "shrads"), "--window", "50"])
+    assert typo.exit_code == 2 and "no such folder" in typo.output, typo.output
+    dumps = runner.invoke(main, ["analyze", str(hang[0]), "--window", "50"])
+    assert dumps.exit_code == 2 and "without --window" in dumps.output, dumps.output
 
 
 def test_a_host_placeholder_without_on_each_worker_says_which_flag_it_needs(hang, tmp_path):

@@ -10,6 +10,7 @@ that rests on them is inconclusive. Nothing partial is presented as whole.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import polars as pl
 
@@ -49,13 +50,15 @@ def analyze_shards(root: str, options: AnalyzeOptions | None = None, *, keep: in
     if not isinstance(keep, int) or keep < MIN_KEEP:
         raise FlightrecError(f"keep (--window) must be at least {MIN_KEEP} entries, not {keep!r}")
     root = storage.absolute(root)
+    if not storage.is_remote(root) and not Path(root).is_dir():
+        raise FlightrecError(f"{root}: no such folder")
     options = options or AnalyzeOptions()
     runner = runner or InProcess()
     stage = options.stage or (lambda _msg: None)
     shards = shard_locations(root)
     if not shards:
         raise NoDumpsError(f"{root}: no shard found (write them with `flightrec convert-hosts`, or `flightrec "
-                           "convert --shard-only` on each host)")
+                           "convert --shard-only` on each host; a folder of dumps is analysed without --window)")
     if runner.workers < 1:
         raise FlightrecError("the Dask cluster has no worker: start some (docs/scale.md), then run this again")
     stage(f"reading the newest {keep:,} entries of each rank from {len(shards):,} shards on "

@@ -328,9 +328,21 @@ def _evidence_lines(f: Finding) -> list[tuple[str, str]]:
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
             value = format_ranks(value)
         elif isinstance(value, list):
-            value = listed((" <-> ".join(v) if isinstance(v, list) else str(v) for v in value), 12)
+            value = listed((_evidence_item(v) for v in value), 12)
         out.append((key.replace("_", " "), str(value)))
     return out
+
+
+def _evidence_item(value) -> str:
+    """One item of a listed piece of evidence, as a person reads it: a link as `a <-> b`, a file as `path
+    (reason)`, a record as `key value, ...`."""
+    if isinstance(value, list):
+        return " <-> ".join(map(str, value))
+    if isinstance(value, dict):
+        if set(value) == {"path", "reason"}:
+            return f"{value['path']} ({value['reason']})"
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in value.items())
+    return str(value)
 
 
 def window_said(window: dict[str, int]) -> str:
