@@ -23,6 +23,7 @@ from flightrec.distributed.runner import InProcess, OnDask
 from flightrec.distributed.tasks import ConvertJob
 from flightrec.distributed.window import newest_entries
 from flightrec.errors import FlightrecError
+from flightrec.model.cluster_failures import is_cluster_failure
 from flightrec.ingest.load import load_raw
 from flightrec.model.trace import LoadOptions
 from flightrec.testing import synth
@@ -314,6 +315,7 @@ def test_a_task_that_never_answers_is_named_after_the_deadline(cluster):
     assert time.perf_counter() - start < 30
     assert outcomes[0].value == 0
     assert outcomes[1].failure == "no answer from the cluster within 2 s (storage or a worker hung)"
+    assert is_cluster_failure(outcomes[1].failure)
     assert told == outcomes   # (so a conversion that never answered is marked in its shard too)
 
 
@@ -357,6 +359,27 @@ def test_converting_beside_another_runs_shards_says_so(hang, tmp_path):
     assert f"also holds 1 shard(s) not written now ({hosts[0]})" in again.output, again.output
     shutil.rmtree(out / hosts[0])
     assert "also holds" not in runner.invoke(main, ["convert-hosts", str(src), str(out), "-q"]).output
+
+
+class _NoAnswerFor(InProcess):
+    """Runs here, but a shard whose path ends in `host` gets the runner's answer for a task past --deadline."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def map(self, fn, items, on_done=None):
+        from flightrec.distributed.runner import Outcome
+        return [Outcome(item, failure="no answer from the cluster within 5 s (storage or a worker hung)")
+                if str(item.shard).endswith(self.host) else outcome
+                for item, outcome in zip(items, super().map(fn, items, on_done))]
+
+
+def test_a_shard_the_cluster_never_read_points_the_next_step_at_the_cluster(hang, tmp_path):
+    convert_hosts(host_jobs(str(hang[0]), str(tmp_path / "shards")))
+    report = _quietly(analyze_shards, str(tmp_path / "shards"), keep=50, runner=_NoAnswerFor("node00000"))
+    [f] = [f for f in report.findings if f.kind == "unreadable"]
+    assert f.next_step.startswith("the cluster did not read 1 shard"), f.next_step
+    assert "--deadline" in f.next_step
 
 
 def test_a_mistyped_folder_or_a_folder_of_dumps_under_window_says_what_is_wrong(hang, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from flightrec.model.cluster_failures import is_cluster_failure
 from flightrec.model.vocab import Action
 from flightrec.model.wording import listed
 from flightrec.report.model import Finding
@@ -75,6 +76,10 @@ def next_step(f: Finding, action: Action) -> str:
             if f.evidence.get("hosts_gone"):
                 gone = ", ".join(f.evidence["hosts_gone"])
                 return f"collect {gone}'s dumps and analyze again; if it wrote none, it is down: drain it"
+            reasons = [p.get("reason", "") for p in f.evidence.get("paths", []) if isinstance(p, dict)]
+            if reasons and all(is_cluster_failure(r) for r in reasons):
+                return (f"the cluster did not read {_count(len(reasons), 'shard')} (see why below): check its workers "
+                        "and the storage, then analyze again (a longer --deadline, or more --worker-memory)")
             return "collect the dumps again, readable by this user and with their entries, and analyze again"
         case Action.RERUN_WITH_WORLD_SIZE:
             if f.evidence.get("unseen_groups"):
