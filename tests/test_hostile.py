@@ -265,3 +265,28 @@ def test_ranks_waiting_on_a_member_seen_behind_are_said_to_wait_on_it_not_on_the
     waiting = [f for f in report.findings if f.kind == "waiting"]
     assert [f.ranks for f in waiting] == [[4, 6, 7]]
     assert waiting[0].message.endswith("for members that have not joined")
+
+
+def test_dumps_of_two_incidents_in_one_folder_are_said_to_be_mixed(tmp_path):
+    """Real Gloo dumps: one host's from one recorded job, the other's from another recorded a day apart (an
+    earlier run's files left beside this one's). Matched as one job they still name a culprit; the report says
+    the dumps look like two incidents, in its summary and as a warning, with what to do."""
+    import shutil
+
+    from .conftest import FIXTURES
+    shutil.copytree(FIXTURES / "order_swap" / "node0", tmp_path / "job" / "node0")
+    shutil.copytree(FIXTURES / "subgroups_per_host" / "node1", tmp_path / "job" / "node1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = analyze(tmp_path / "job", use_cache=False)
+    [mixed] = [f for f in report.findings if f.kind == "mixed_incidents"]
+    assert mixed.evidence["older_ranks"] == [4, 5, 6, 7] and mixed.evidence["newer_ranks"] == [0, 1, 2, 3]
+    assert mixed.evidence["gap_hours"] > 24
+    assert report.summary.endswith("but the dumps look like two incidents mixed: analyze each alone")
+    assert mixed.action == "recollect_dumps" and "folder of its own" in mixed.next_step
+    # each incident alone: not said
+    for case in ("order_swap", "subgroups_per_host"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            alone = analyze(FIXTURES / case, use_cache=False)
+        assert not [f for f in alone.findings if f.kind == "mixed_incidents"]

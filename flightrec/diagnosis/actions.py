@@ -20,7 +20,7 @@ from flightrec.report.model import Finding
 def action_of(f: Finding) -> Action:
     """The finding's action (see `Action`)."""
     kind, root = f.kind, f.role == "root_cause"
-    if kind == "unreadable" or (kind == "no_entries" and not f.evidence.get("idle")):
+    if kind in ("unreadable", "mixed_incidents") or (kind == "no_entries" and not f.evidence.get("idle")):
         return Action.RECOLLECT_DUMPS
     if kind == "world_size_unknown":
         return Action.RERUN_WITH_WORLD_SIZE
@@ -73,6 +73,9 @@ def next_step(f: Finding, action: Action) -> str:
             return (f"{_who(f)} ran other code than {'its' if one else 'their'} peers (see the stack): a bug for the "
                     "job's owner; drain nothing")
         case Action.RECOLLECT_DUMPS:
+            if f.kind == "mixed_incidents":
+                return ("put each incident's dumps in a folder of its own (the older ones may be stale files of an "
+                        "earlier run) and analyze each; trust no verdict from them mixed")
             if f.evidence.get("hosts_gone"):
                 gone = ", ".join(f.evidence["hosts_gone"])
                 return f"collect {gone}'s dumps and analyze again; if it wrote none, it is down: drain it"
@@ -259,5 +262,8 @@ def summary_line(verdict: str, findings: list[Finding], said: str) -> str:
     roots = [f for f in findings if f.role == "root_cause" and (f.ranks or f.hosts or f.links)]
     if verdict == "fault" and roots:
         more = f" (+{len(roots) - 1} more)" if len(roots) > 1 else ""
-        return f"FAULT: {headline(roots[0])}{more}"
+        said = f"FAULT: {headline(roots[0])}{more}"
+    if any(f.kind == "mixed_incidents" for f in findings):
+        # (a verdict from two incidents' dumps matched as one is not to be acted on: said where it is read first)
+        said += "; but the dumps look like two incidents mixed: analyze each alone"
     return said

@@ -4,6 +4,7 @@ dumps with no entry, and the warnings beside a verdict."""
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 
 import polars as pl
 
@@ -215,3 +216,38 @@ def warning_findings(ctx: Context, reported_missing: set[int], explained: set[in
                                    "(a watchdog that stopped polling, or a dump taken mid-flight)",
                            evidence={"groups": sorted(states["group"].unique().to_list())[:20]}))
     return out
+
+
+# Ranks of one incident record their newest entries within a step or two of each other (the rank that stopped
+# first, then its peers, each blocked in its next collective): seconds in every real dump checked
+# (fixtures: 5.5 s at most). Dumps whose newest entries fall apart by this much are of two incidents.
+MIXED_INCIDENTS_GAP_NS = 3600 * 10**9
+
+
+def mixed_incidents_finding(trace: Trace) -> Finding | None:
+    """Dumps of two incidents in one folder (an earlier run's left beside this one's, shards of two jobs in one
+    OUT): the ranks' newest entries fall into groups more than an hour apart. The analysis matches them as one
+    job, so its verdict can't be trusted until each incident is analysed alone."""
+    newest = (trace.entries.lazy().filter(pl.col("time_created_ns") > 0)
+              .group_by("rank").agg(pl.col("time_created_ns").max().alias("ns")).sort("ns").collect())
+    if newest.height < 2:
+        return None
+    gaps = newest["ns"].diff()
+    at = gaps.arg_max()
+    if at is None or gaps[at] < MIXED_INCIDENTS_GAP_NS:
+        return None
+    older, newer = sorted(newest["rank"][:at].to_list()), sorted(newest["rank"][at:].to_list())
+
+    def when(ns: int) -> str:
+        return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    hours = gaps[at] / 3.6e12
+    return Finding(
+        kind="mixed_incidents", role="warning", ranks=older,
+        message=(f"the dumps look like two incidents: the newest entries of {_ranks(older)} end by "
+                 f"{when(newest['ns'][at - 1])}, those of {_ranks(newer)} from {when(newest['ns'][at])}, "
+                 f"{hours:,.1f} h later; this analysis matched them as one job"),
+        evidence={"older_ranks": older, "newer_ranks": newer, "gap_hours": round(hours, 1)})
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) != 1 else ''} {format_ranks(ranks)}"

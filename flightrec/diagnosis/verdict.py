@@ -17,7 +17,13 @@ from flightrec.analysis.matching import Matching
 from flightrec.analysis.timing.options import TimingOptions, TimingResult
 from flightrec.analysis.wait_graph import Waits
 from flightrec.diagnosis.actions import headline
-from flightrec.diagnosis.collection import no_entries_finding, warning_findings, without_unreadable, world_size_finding
+from flightrec.diagnosis.collection import (
+    mixed_incidents_finding,
+    no_entries_finding,
+    warning_findings,
+    without_unreadable,
+    world_size_finding,
+)
 from flightrec.diagnosis.context import Context, n_wait, ranks_with_unrecorded_groups
 from flightrec.diagnosis.deadlock import deadlock_findings
 from flightrec.diagnosis.hardware import never_began_findings, switch_findings, with_gpu_stalls
@@ -89,7 +95,12 @@ def diagnose(trace: Trace, m: Matching, w: Waits, loc: Location | None, topo: To
     waited = waited or Waited("hung", None, None, "timeout")
     ctx = Context(trace, m, w, topo, timing if callable(timing) else lambda: timing)
     causes = _root_causes(ctx, loc, waited, timing_options or TimingOptions())
-    return _verdict(ctx, causes, waited)
+    verdict, summary, findings = _verdict(ctx, causes, waited)
+    mixed = mixed_incidents_finding(trace)
+    if mixed is not None:   # (the summary says it too: `actions.summary_line`)
+        first_warning = next((k for k, f in enumerate(findings) if f.role == "warning"), len(findings))
+        findings.insert(first_warning, mixed)
+    return verdict, summary, findings
 
 
 def _root_causes(ctx: Context, loc: Location | None, waited: Waited, timing_options: TimingOptions) -> _Causes:

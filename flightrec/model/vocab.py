@@ -51,6 +51,7 @@ class FindingKind(StrEnum):
     IN_FLIGHT_AT_DUMP = "in_flight_at_dump"
     BEHIND_AT_DUMP = "behind_at_dump"
     UNREADABLE = "unreadable"
+    MIXED_INCIDENTS = "mixed_incidents"
 
 
 class Action(StrEnum):
